@@ -1,0 +1,54 @@
+"""Reference paged attention: the simplest correct code, float32 math, one sequence at a time.
+
+It is the oracle the fast paths are tested against, so it reads only the plain batch description
+in the metadata (lengths, block tables), never the precomputed plans the fast paths use.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
+
+
+def _context(cache: Tensor, table: tuple[int, ...], context_len: int) -> Tensor:
+    """Positions 0 .. context_len - 1 of one sequence: [context_len, kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    blocks = [cache[b] for b in table[: (context_len + block_size - 1) // block_size]]
+    return torch.cat(blocks, dim=0)[:context_len]
+
+
+def attention_reference(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float | None = None,
+) -> Tensor:
+    """query: [num_tokens, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim].
+
+    Returns [num_tokens, heads, head_dim] in query's dtype.
+    """
+    check_attention_inputs(query, key_cache, value_cache, meta)
+    heads = query.shape[1]
+    group = heads // key_cache.shape[2]  # query heads per KV head (GQA)
+    out = torch.empty_like(query)
+    start = 0
+    for cache_len, new_len, table in zip(meta.cache_lens, meta.new_lens, meta.block_table_lists):
+        context_len = cache_len + new_len
+        # q: [heads, new_len, D]; k, v: [heads, context_len, D] (KV head h // group serves head h)
+        q = query[start : start + new_len].float().transpose(0, 1)
+        k = _context(key_cache, table, context_len).float().repeat_interleave(group, dim=1).transpose(0, 1)
+        v = _context(value_cache, table, context_len).float().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = q @ k.transpose(1, 2) * scale  # [heads, new_len, context_len]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        query_pos = torch.arange(new_len)[:, None] + cache_len
+        visible = torch.arange(context_len)[None, :] <= query_pos  # [new_len, context_len]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start : start + new_len] = (probs @ v).transpose(0, 1).to(query.dtype)
+        start += new_len
+    return out

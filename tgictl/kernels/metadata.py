@@ -1,0 +1,215 @@
+"""Attention metadata: everything about a batch's layout that every layer shares.
+
+A forward pass builds one `AttentionMetadata` and hands it to all layers, so any index or mask the
+kernels need is computed here once instead of once per layer (a decode step calls attention once
+per layer with identical metadata).
+
+Batch layout (a MIXED batch): sequence i has `cache_lens[i]` tokens whose K/V are already in the
+paged cache and `new_lens[i]` new tokens, whose K/V the model writes with `store_kv` BEFORE calling
+attention (at positions cache_len .. cache_len + new_len - 1). Query rows are the new tokens of every
+sequence concatenated in batch order; new token j of sequence i sees positions 0 .. cache_len + j.
+A decode sequence is simply one with new_len == 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tgictl.errors import InvalidRequestError, UnsupportedModelError
+
+
+@dataclass(frozen=True, eq=False)
+class DecodePlan:
+    """Precomputed gather for the decode rows (sequences with new_len == 1), padded to one length.
+
+    Padded context positions gather the sequence's own position 0 (always written, so finite) and
+    are removed by `bias`; pointing them at an arbitrary slot could read NaN from never-written
+    cache memory, and 0 * NaN in probs @ V would poison the row even though its weight is 0.
+    """
+
+    seq_indices: Tensor  # [n_decode] int64: which sequences of the batch are decode rows
+    query_rows: Tensor | None  # [n_decode] int64 rows of `query`; None when they are 0..n-1 in order
+    context_lens: Tensor  # [n_decode] int64
+    slots: Tensor  # [n_decode * max_context_len] int64 flat slots, row-major over [n_decode, T]
+    bias: Tensor  # [n_decode, 1, 1, T] float32: 0 where visible, -inf on padding
+    max_context_len: int  # T
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillPlan:
+    """One sequence with new_len > 1 (a prompt or a prompt chunk, possibly after a cached prefix)."""
+
+    seq_index: int
+    query_start: int  # rows query_start .. query_end - 1 of `query`
+    query_end: int
+    cache_len: int
+    slots: Tensor  # [context_len] int64 flat slots of positions 0 .. context_len - 1
+    # [new_len, context_len] bool, True = visible; None when cache_len == 0 (plain causal suffices).
+    mask: Tensor | None
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionMetadata:
+    block_size: int
+    cache_lens: tuple[int, ...]  # [batch] tokens already cached per sequence
+    new_lens: tuple[int, ...]  # [batch] new tokens (query rows) per sequence
+    block_table_lists: tuple[tuple[int, ...], ...]  # [batch][blocks] as given (for the reference)
+    num_tokens: int  # sum(new_lens): rows of `query`
+    max_context_len: int
+    cu_seqlens_q: Tensor  # [batch + 1] int64 query row offsets
+    context_lens: Tensor  # [batch] int64 cache_len + new_len
+    block_tables: Tensor  # [batch, max_blocks] int64, padded with block 0
+    is_decode_only: bool  # every sequence has new_len == 1
+    decode: DecodePlan | None  # None when the batch has no decode rows
+    prefill: tuple[PrefillPlan, ...]  # sequences with new_len > 1, in batch order
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.new_lens)
+
+    @classmethod
+    def build(
+        cls,
+        cache_lens: Sequence[int],
+        new_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        device: torch.device | str,
+    ) -> AttentionMetadata:
+        return build_attention_metadata(
+            list(cache_lens), list(new_lens), [list(t) for t in block_tables], block_size, device
+        )
+
+
+def _check(cache_lens: list[int], new_lens: list[int], block_tables: list[list[int]], block_size: int) -> None:
+    if block_size < 1:
+        raise InvalidRequestError(f"block_size must be >= 1, got {block_size}")
+    if not (len(cache_lens) == len(new_lens) == len(block_tables)):
+        raise InvalidRequestError(
+            f"cache_lens ({len(cache_lens)}), new_lens ({len(new_lens)}) and block_tables "
+            f"({len(block_tables)}) must have one entry per sequence"
+        )
+    if not new_lens:
+        raise InvalidRequestError("an attention batch needs at least one sequence")
+    for i, (cache_len, new_len, table) in enumerate(zip(cache_lens, new_lens, block_tables)):
+        if cache_len < 0 or new_len < 1:
+            raise InvalidRequestError(
+                f"sequence {i}: cache_len must be >= 0 and new_len >= 1, got {cache_len} and {new_len}"
+            )
+        if cache_len + new_len > len(table) * block_size:
+            raise InvalidRequestError(
+                f"sequence {i}: context of {cache_len + new_len} tokens needs more than the "
+                f"{len(table)} blocks of {block_size} in its block table"
+            )
+        if any(block < 0 for block in table):
+            raise InvalidRequestError(f"sequence {i}: block ids must be >= 0")
+
+
+def _slot_matrix(tables: Tensor, positions: Tensor, block_size: int) -> Tensor:
+    """Flat slots of `positions` for each row of `tables`: slot = block * block_size + offset.
+
+    tables: [rows, max_blocks] int64; positions: [rows, T] int64 -> [rows, T] int64.
+    """
+    blocks = torch.gather(tables, 1, torch.div(positions, block_size, rounding_mode="floor"))
+    return blocks * block_size + positions % block_size
+
+
+def build_attention_metadata(
+    cache_lens: list[int],
+    new_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str,
+) -> AttentionMetadata:
+    """Validate the batch layout and precompute every gather index and mask the kernels use."""
+    _check(cache_lens, new_lens, block_tables, block_size)
+    device = torch.device(device)
+    context_lens = [c + n for c, n in zip(cache_lens, new_lens)]
+    cu = [0]
+    for n in new_lens:
+        cu.append(cu[-1] + n)
+    max_blocks = max(len(t) for t in block_tables)
+    padded_tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
+
+    # Index math runs on CPU tensors (vectorised: no per-token Python), then moves to `device` once.
+    tables_cpu = torch.tensor(padded_tables, dtype=torch.int64)  # [batch, max_blocks]
+    decode_seqs = [i for i, n in enumerate(new_lens) if n == 1]
+    decode: DecodePlan | None = None
+    if decode_seqs:
+        max_ctx = max(context_lens[i] for i in decode_seqs)
+        dec_ctx = torch.tensor([context_lens[i] for i in decode_seqs], dtype=torch.int64)  # [n]
+        positions = torch.arange(max_ctx, dtype=torch.int64).expand(len(decode_seqs), max_ctx)
+        padding = positions >= dec_ctx[:, None]  # [n, T]
+        # padding gathers position 0 of the same sequence (see DecodePlan)
+        slots = _slot_matrix(tables_cpu[decode_seqs], positions.masked_fill(padding, 0), block_size)
+        bias = torch.zeros(len(decode_seqs), max_ctx, dtype=torch.float32).masked_fill_(padding, float("-inf"))
+        rows = [cu[i] for i in decode_seqs]
+        in_order = rows == list(range(len(rows)))
+        decode = DecodePlan(
+            seq_indices=torch.tensor(decode_seqs, dtype=torch.int64, device=device),
+            query_rows=None if in_order else torch.tensor(rows, dtype=torch.int64, device=device),
+            context_lens=dec_ctx.to(device),
+            slots=slots.reshape(-1).to(device),
+            bias=bias.view(len(decode_seqs), 1, 1, max_ctx).to(device),
+            max_context_len=max_ctx,
+        )
+
+    prefill: list[PrefillPlan] = []
+    for i, (cache_len, new_len) in enumerate(zip(cache_lens, new_lens)):
+        if new_len == 1:
+            continue
+        key_pos = torch.arange(cache_len + new_len, dtype=torch.int64)  # [context_len]
+        mask = None
+        if cache_len > 0:
+            # query j sits at absolute position cache_len + j and sees key positions <= it
+            query_pos = torch.arange(new_len, dtype=torch.int64) + cache_len
+            mask = (key_pos[None, :] <= query_pos[:, None]).to(device)
+        prefill.append(
+            PrefillPlan(
+                seq_index=i,
+                query_start=cu[i],
+                query_end=cu[i + 1],
+                cache_len=cache_len,
+                slots=_slot_matrix(tables_cpu[i : i + 1], key_pos[None, :], block_size)[0].to(device),
+                mask=mask,
+            )
+        )
+
+    return AttentionMetadata(
+        block_size=block_size,
+        cache_lens=tuple(cache_lens),
+        new_lens=tuple(new_lens),
+        block_table_lists=tuple(tuple(t) for t in block_tables),
+        num_tokens=cu[-1],
+        max_context_len=max(context_lens),
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int64, device=device),
+        context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
+        block_tables=tables_cpu.to(device),
+        is_decode_only=len(decode_seqs) == len(new_lens),
+        decode=decode,
+        prefill=tuple(prefill),
+    )
+
+
+def check_attention_inputs(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata) -> None:
+    """Cheap shape checks shared by every attention implementation (no device sync)."""
+    if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise InvalidRequestError(
+            f"attention expects query [tokens, heads, head_dim] and equal caches "
+            f"[blocks, block_size, kv_heads, head_dim], got {tuple(query.shape)}, "
+            f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    if query.shape[0] != meta.num_tokens:
+        raise InvalidRequestError(f"query has {query.shape[0]} rows but the metadata describes {meta.num_tokens}")
+    if key_cache.shape[1] != meta.block_size:
+        raise InvalidRequestError(f"cache block_size {key_cache.shape[1]} != metadata block_size {meta.block_size}")
+    if query.shape[2] != key_cache.shape[3]:
+        raise InvalidRequestError(f"query head_dim {query.shape[2]} != cache head_dim {key_cache.shape[3]}")
+    if query.shape[1] % key_cache.shape[2] != 0:
+        raise UnsupportedModelError(
+            f"attention heads ({query.shape[1]}) must be a multiple of kv_heads ({key_cache.shape[2]})"
+        )
