@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Callable
 
@@ -106,6 +107,7 @@ BASE_SPECS: tuple[CaseSpec, ...] = (
     CaseSpec(seqs=((0, 5), (0, 9), (0, 1))),  # prefill batch (plus a 1-token prompt)
     CaseSpec(seqs=((6, 1), (13, 1), (3, 1))),  # decode only
     CaseSpec(seqs=((5, 1), (0, 6), (9, 1), (4, 3))),  # mixed, decode rows not first
+    CaseSpec(seqs=((5, 1), (9, 1), (0, 6))),  # mixed, decode rows lead the batch
     CaseSpec(seqs=((8, 4), (3, 9))),  # prefill after a cached prefix (prefix reuse / chunking)
     CaseSpec(seqs=((0, 6), (7, 1)), heads=4, kv_heads=1),  # GQA, one KV head
     CaseSpec(seqs=((5, 3), (7, 1)), heads=4, kv_heads=4),  # plain MHA
@@ -114,6 +116,26 @@ BASE_SPECS: tuple[CaseSpec, ...] = (
     CaseSpec(seqs=((16, 1), (12, 4)), block_size=16),  # exactly block aligned
     CaseSpec(seqs=((9, 1), (2, 6)), shuffle_blocks=False),
 )
+
+
+def random_spec(seed: int) -> CaseSpec:
+    """A seeded random batch: mostly decode rows, some prompts with and without a cached prefix."""
+    rng = random.Random(seed)
+    kv_heads = rng.choice([1, 2, 3])
+    seqs = []
+    for _ in range(rng.randint(1, 9)):
+        if rng.random() < 0.6:
+            seqs.append((rng.randint(0, 40), 1))  # decode row (cache_len 0: a one-token prompt)
+        else:
+            seqs.append((rng.choice([0, rng.randint(1, 30)]), rng.randint(2, 25)))
+    return CaseSpec(
+        seqs=tuple(seqs),
+        block_size=rng.choice([1, 2, 4, 16]),
+        heads=kv_heads * rng.choice([1, 2, 3]),
+        kv_heads=kv_heads,
+        head_dim=rng.choice([4, 8, 16]),
+        seed=seed,
+    )
 
 
 @pytest.fixture(params=BASE_SPECS, ids=CaseSpec.label)
@@ -129,3 +151,8 @@ def make_case() -> Callable[..., PagedCase]:
 @pytest.fixture
 def naive() -> Callable[..., Tensor]:
     return naive_attention
+
+
+@pytest.fixture
+def make_random_spec() -> Callable[[int], CaseSpec]:
+    return random_spec
