@@ -1,0 +1,69 @@
+"""tgictl.env: the typed environment snapshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tgictl.env import Env
+from tgictl.errors import ConfigError
+
+
+def test_defaults_from_an_empty_environment() -> None:
+    env = Env.from_environ({"HOME": "/home/u"})
+    assert env.hf_hub_offline is False
+    assert env.json_output is False
+    assert env.log_level is None
+    assert env.rank is None
+    assert env.hub_cache_dir == Path("/home/u/.cache/huggingface/hub")
+    assert env.cache_dir == Path("/home/u/.cache/tgictl")
+
+
+def test_values_are_typed() -> None:
+    env = Env.from_environ(
+        {
+            "HOME": "/h",
+            "HF_HOME": "/hf",
+            "HF_HUB_OFFLINE": "1",
+            "HF_ENDPOINT": "http://127.0.0.1:9",
+            "HF_TOKEN": "secret",
+            "HF_HUB_ETAG_TIMEOUT": "2.5",
+            "TGICTL_CACHE_DIR": "/c",
+            "LOG_LEVEL": "warning",
+            "TGICTL_LOG_LEVEL": "debug",
+            "TGICTL_JSON_OUTPUT": "true",
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+        }
+    )
+    assert env.hub_cache_dir == Path("/hf/hub")
+    assert env.cache_dir == Path("/c")
+    assert env.hf_hub_offline is True
+    assert env.hf_hub_etag_timeout == 2.5
+    assert env.log_level == "debug"  # TGICTL_LOG_LEVEL wins over LOG_LEVEL
+    assert env.json_output is True
+    assert (env.rank, env.world_size, env.master_addr, env.master_port) == (1, 2, "127.0.0.1", 29500)
+    assert "secret" not in repr(env)
+
+
+def test_hf_hub_cache_wins_over_hf_home() -> None:
+    env = Env.from_environ({"HOME": "/h", "HF_HOME": "/hf", "HF_HUB_CACHE": "/hub"})
+    assert env.hub_cache_dir == Path("/hub")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("HF_HUB_OFFLINE", "maybe", "HF_HUB_OFFLINE must be a boolean"),
+        ("RANK", "one", "RANK must be an integer, got 'one'"),
+        ("WORLD_SIZE", "0", "WORLD_SIZE must be >= 1, got 0"),
+        ("MASTER_PORT", "70000", "MASTER_PORT must be <= 65535, got 70000"),
+        ("HF_HUB_ETAG_TIMEOUT", "-1", "HF_HUB_ETAG_TIMEOUT must be > 0"),
+    ],
+)
+def test_malformed_values_fail_loudly(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Env.from_environ({"HOME": "/h", name: value})

@@ -1,0 +1,134 @@
+"""The only module that reads environment variables. Everything else receives an `Env` (or values
+taken from it), so configuration is explicit, typed and testable without touching os.environ.
+
+Parsing fails loudly: a malformed value raises ConfigError naming the variable, never a silent default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tgictl.errors import ConfigError
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+# Names of the variables tgictl itself sets for its child processes (see tgictl.log.child_environ).
+LOG_LEVEL_VAR = "TGICTL_LOG_LEVEL"
+JSON_OUTPUT_VAR = "TGICTL_JSON_OUTPUT"
+
+
+def _text(environ: Mapping[str, str], name: str) -> str | None:
+    value = environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def _bool(environ: Mapping[str, str], name: str) -> bool:
+    raw = environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be a boolean (1/0, true/false, yes/no, on/off), got {environ[name]!r}")
+
+
+def _int(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
+    raw = _text(environ, name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(environ: Mapping[str, str], name: str) -> float | None:
+    raw = _text(environ, name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def _path(environ: Mapping[str, str], name: str) -> Path | None:
+    raw = _text(environ, name)
+    return Path(raw).expanduser() if raw is not None else None
+
+
+@dataclass(frozen=True)
+class Env:
+    """A typed snapshot of the environment variables tgictl understands."""
+
+    home: Path
+    # Hugging Face hub settings (the same names huggingface_hub uses, passed to it explicitly).
+    hf_home: Path | None = None
+    hf_hub_cache: Path | None = None
+    hf_hub_offline: bool = False
+    hf_endpoint: str | None = None
+    hf_token: str | None = field(default=None, repr=False)  # never printed
+    hf_hub_etag_timeout: float | None = None
+    # tgictl's own cache (converted models); default ~/.cache/tgictl.
+    tgictl_cache_dir: Path | None = None
+    # Logging: TGICTL_LOG_LEVEL wins over LOG_LEVEL (the latter is what TGI reads).
+    log_level: str | None = None
+    json_output: bool = False
+    # torch.distributed rendezvous, set by the launcher for each shard.
+    rank: int | None = None
+    world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
+        """Parse `environ` (default: os.environ). Raises ConfigError on a malformed value."""
+        env = os.environ if environ is None else environ
+        home = _path(env, "HOME") or Path(os.path.expanduser("~"))
+        master_port = _int(env, "MASTER_PORT", minimum=1)
+        if master_port is not None and master_port > 65535:
+            raise ConfigError(f"MASTER_PORT must be <= 65535, got {master_port}")
+        return cls(
+            home=home,
+            hf_home=_path(env, "HF_HOME"),
+            hf_hub_cache=_path(env, "HF_HUB_CACHE"),
+            hf_hub_offline=_bool(env, "HF_HUB_OFFLINE"),
+            hf_endpoint=_text(env, "HF_ENDPOINT"),
+            hf_token=_text(env, "HF_TOKEN"),
+            hf_hub_etag_timeout=_float(env, "HF_HUB_ETAG_TIMEOUT"),
+            tgictl_cache_dir=_path(env, "TGICTL_CACHE_DIR"),
+            log_level=_text(env, LOG_LEVEL_VAR) or _text(env, "LOG_LEVEL"),
+            json_output=_bool(env, JSON_OUTPUT_VAR),
+            rank=_int(env, "RANK"),
+            world_size=_int(env, "WORLD_SIZE", minimum=1),
+            master_addr=_text(env, "MASTER_ADDR"),
+            master_port=master_port,
+        )
+
+    @property
+    def hub_cache_dir(self) -> Path:
+        """Where huggingface_hub keeps repositories: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+        if self.hf_hub_cache is not None:
+            return self.hf_hub_cache
+        if self.hf_home is not None:
+            return self.hf_home / "hub"
+        return self.home / ".cache" / "huggingface" / "hub"
+
+    @property
+    def cache_dir(self) -> Path:
+        """tgictl's own cache: TGICTL_CACHE_DIR, else ~/.cache/tgictl."""
+        return self.tgictl_cache_dir if self.tgictl_cache_dir is not None else self.home / ".cache" / "tgictl"
+
+
+def read_env() -> Env:
+    """The current process environment as an Env."""
+    return Env.from_environ()

@@ -1,0 +1,86 @@
+"""The one logging setup every tgictl process uses: rich text for people, JSON lines for machines.
+
+Logs go to stderr; stdout is reserved for a command's result (a path, a JSON object) so it can be
+piped. Child processes (shards, router) get the same setup through TGICTL_LOG_LEVEL and
+TGICTL_JSON_OUTPUT, see `child_environ`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from tgictl.config import LogConfig
+from tgictl.env import JSON_OUTPUT_VAR, LOG_LEVEL_VAR
+
+ROOT_LOGGER = "tgictl"
+
+# LogRecord attributes that are not user `extra=` fields.
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
+
+
+class JsonLinesFormatter(logging.Formatter):
+    """One JSON object per line: timestamp, level, logger, message, pid, plus any `extra=` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                payload[key] = value
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+def _handler(config: LogConfig, stream: TextIO) -> logging.Handler:
+    if config.json_output:
+        handler: logging.Handler = logging.StreamHandler(stream)
+        handler.setFormatter(JsonLinesFormatter())
+        return handler
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    return RichHandler(
+        console=Console(file=stream, stderr=stream is sys.stderr),
+        show_path=False,
+        rich_tracebacks=False,
+        markup=False,
+        log_time_format="[%X]",
+    )
+
+
+def configure_logging(config: LogConfig, stream: TextIO | None = None) -> logging.Logger:
+    """(Re)configure the `tgictl` logger tree; idempotent, so calling it twice never doubles lines."""
+    logger = logging.getLogger(ROOT_LOGGER)
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    logger.addHandler(_handler(config, stream if stream is not None else sys.stderr))
+    logger.setLevel(config.level.upper())
+    # Records still propagate: tgictl never configures the root logger, so nothing repeats them, and
+    # a host application (or pytest's caplog) that listens on the root still sees them.
+    return logger
+
+
+def child_environ(config: LogConfig) -> dict[str, str]:
+    """The variables a child process needs to log exactly like its parent."""
+    return {LOG_LEVEL_VAR: config.level, JSON_OUTPUT_VAR: "1" if config.json_output else "0"}
+
+
+def export_to_children(config: LogConfig) -> None:
+    """Put the logging setup into this process's environment so every child inherits it, whoever spawns it."""
+    os.environ.update(child_environ(config))
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A logger under the `tgictl` tree (pass __name__)."""
+    return logging.getLogger(name if name.startswith(ROOT_LOGGER) else f"{ROOT_LOGGER}.{name}")
