@@ -4,6 +4,7 @@ is checked. Token i of request r is `first_token + (r * 31 + i) % span`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ class FakeShard:
         return self.first_token + (request_id * 31 + index) % self.span
 
     async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
+        await asyncio.sleep(0)  # an RPC yields to the event loop, as gRPC does
         self.calls.append(("prefill", tuple(r.id for r in batch.requests)))
         self._maybe_fail("prefill")
         lives = [_Live(r, r.cache_len) for r in batch.requests]
@@ -49,6 +51,7 @@ class FakeShard:
         return self._step(batch.id, lives, first_chunk=True)
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
+        await asyncio.sleep(0)
         self.calls.append(("decode", tuple(b.id for b in batches)))
         self._maybe_fail("decode")
         lives = [live for b in batches for live in self.batches.pop(b.id)]
