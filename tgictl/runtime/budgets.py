@@ -105,7 +105,9 @@ class BudgetSettings:
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
     max_batch_prefill_tokens: int | None = None
-    kv_cache_memory_bytes: int | None = None  # per shard; None → from free GPU memory or the CPU rule
+    # Per shard. CPU: the KV budget (None → min(25% of available RAM, 4 GiB)); CUDA: a cap on what the
+    # free memory allows (None → no cap). The same meaning as the shard's --kv-cache-memory.
+    kv_cache_memory_bytes: int | None = None
     cuda_memory_fraction: float = 1.0
 
     def __post_init__(self) -> None:
@@ -291,21 +293,28 @@ def _prefill_tokens(
 
 
 def _kv_memory(hardware: Hardware, settings: BudgetSettings, weights: int, prefill_activations: int) -> Sourced:
-    if settings.kv_cache_memory_bytes is not None:
-        return settings.kv_cache_memory_bytes, "--kv-cache-memory"
+    """The shard's warmup rule (runtime/shard/warmup.py, after TGI §7.3), estimated before loading."""
+    explicit = settings.kv_cache_memory_bytes
     if hardware.gpus:
         # TGI's warmup keeps (1 − fraction·wiggle) of the total back and measures free memory after the
         # weights and the probe forward; before loading we subtract their estimates instead.
         keep = 1.0 - settings.cuda_memory_fraction * WARMUP_WIGGLE_ROOM
         free = min(g.free_memory_bytes - keep * g.total_memory_bytes for g in hardware.gpus[: settings.num_shard])
         value = max(0, int(free - CUDA_CONTEXT_BYTES - weights - prefill_activations))
-        return value, (
+        source = (
             "free GPU memory − (1 − cuda_memory_fraction × 0.90) × total (TGI warmup) − CUDA context 0.5 GiB"
             " − weights − prefill activations"
         )
-    # Shards on one host share its RAM, so the host's KV allowance is split between them.
-    host = min(int(hardware.cpu.available_memory_bytes * CPU_KV_FRACTION), CPU_KV_CAP_BYTES)
-    return host // settings.num_shard, "min(25% of available RAM, 4 GiB) / num_shard"
+        if explicit is not None and explicit < value:  # on CUDA the flag is a cap on what memory allows
+            return explicit, "--kv-cache-memory (a cap below what GPU memory allows)"
+        return value, source
+    if explicit is not None:
+        return explicit, "--kv-cache-memory"
+    # Each shard applies the rule to the RAM it sees; ram_needed in the problems catches overcommit.
+    return (
+        min(int(hardware.cpu.available_memory_bytes * CPU_KV_FRACTION), CPU_KV_CAP_BYTES),
+        "min(25% of available RAM, 4 GiB), per shard (shard warmup rule)",
+    )
 
 
 def _max_total_tokens(
@@ -323,11 +332,13 @@ def _max_total_tokens(
 
 
 def _problems(
-    *, max_input: int, max_total: int, prefill: int, batch_total: int, vram_max: int, weights: int,
+    *, blocks: int, max_input: int, max_total: int, prefill: int, batch_total: int, vram_max: int, weights: int,
     memory: float, memory_name: str, ram_needed: int | None, ram_available: int,
 ) -> tuple[str, ...]:
     """What TGI's launcher or router would refuse to start with (reference §4.3), plus plain misfits."""
     problems = []
+    if blocks < 2:
+        problems.append(f"the KV cache holds {blocks} blocks per shard; at least 2 are needed (block 0 is reserved)")
     if vram_max <= 0:
         problems.append(f"weights need {weights} bytes per shard; {memory_name} per shard is {int(memory)}")
     if ram_needed is not None and ram_needed > ram_available:
@@ -373,7 +384,7 @@ def compute_budgets(
     else:
         max_input, max_input_source = max(max_total - 1, 0), "max_total_tokens − 1"
     problems = _problems(
-        max_input=max_input, max_total=max_total, prefill=prefill, batch_total=batch_total, vram_max=vram_max,
+        blocks=blocks, max_input=max_input, max_total=max_total, prefill=prefill, batch_total=batch_total, vram_max=vram_max,
         weights=weights, memory=memory, memory_name=memory_name,
         ram_needed=None if on_gpu else n * (weights + kv_memory + prefill * activations),
         ram_available=hardware.cpu.available_memory_bytes,

@@ -156,8 +156,10 @@ def test_three_cpu_shards_share_the_host_budget() -> None:
     assert got["weight_bytes_per_shard"] == 89723520
     assert got["kv_heads_per_shard"] == 1
     assert got["kv_bytes_per_block_per_shard"] == 122880  # 16 · 2 · 30 · 1 · 64 · 2
-    assert got["kv_cache_memory_bytes_per_shard"] == 715827882  # 2 GiB // 3
-    assert got["kv_blocks"] == 5825  # 715827882 // 122880
+    # every shard applies the CPU rule itself (as the shard's warmup does): min(25% of 8 GiB, 4 GiB)
+    assert got["kv_cache_memory_bytes_per_shard"] == 2 * GIB
+    assert got["kv_blocks"] == 17476  # 2147483648 // 122880 (17476 · 122880 = 2147409920)
+    assert got["max_batch_total_tokens"] == 279616  # 17476 · 16
     assert got["device_flops"] == 2e11  # shards share the cores: not multiplied by 3
     assert got["max_batch_prefill_tokens"] == 861
 
@@ -203,17 +205,37 @@ def test_smollm2_on_one_h100() -> None:
 
 def test_smollm2_on_three_small_l4s_hits_the_memory_clamp() -> None:
     hardware = gpu_hardware("NVIDIA L4", 3, total=192 * MIB)
-    settings = BudgetSettings(num_shard=3, kv_cache_memory_bytes=12288000)
-    budgets = compute_budgets(model_shape(SMOLLM2), hardware, settings)
+    budgets = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(num_shard=3))
     got = values(budgets)
     assert got["device_flops"] == 3 * 121e12  # TGI multiplies the card's figure by num_shard
     # FLOPs rule 363e12 / 232243200 = 1563016 → 8192; memory: (192 MiB · 0.95 − 89723520) /
     # (kv 7680 + activations (2·576 + 3·512)·2 = 5376) = 101536742.4 / 13056 = 7777.02 → 7777
     assert got["max_batch_prefill_tokens"] == 7777
     assert budgets.max_batch_prefill_tokens.source.endswith("clamped to what fits in GPU memory")
-    assert got["kv_blocks"] == 100  # 12288000 / 122880
-    assert got["max_total_tokens"] == 1600
-    assert budgets.problems == ("max_batch_prefill_tokens (7777) must be <= max_batch_total_tokens (1600)",)
+    # 0.9 · 192 MiB = 181193932.8 is less than the CUDA context alone: no KV cache at all
+    assert (got["kv_cache_memory_bytes_per_shard"], got["kv_blocks"], got["max_total_tokens"]) == (0, 0, 0)
+    assert budgets.problems == (
+        "the KV cache holds 0 blocks per shard; at least 2 are needed (block 0 is reserved)",
+        "max_input_tokens (0) must be < max_total_tokens (0)",
+        "max_batch_prefill_tokens (7777) must be <= max_batch_total_tokens (0)",
+    )
+
+
+def test_kv_cache_memory_caps_gpu_memory_but_never_raises_it() -> None:
+    hardware = gpu_hardware("NVIDIA H100 80GB HBM3", 1, total=80 * GIB)
+    capped = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(kv_cache_memory_bytes=GIB))
+    assert capped.kv_cache_memory_bytes_per_shard.value == GIB
+    assert capped.kv_blocks.value == 2912  # 1073741824 // 368640
+    uncapped = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(kv_cache_memory_bytes=100 * GIB))
+    assert uncapped.kv_cache_memory_bytes_per_shard.value == 76409138560  # what memory allows (see above)
+
+
+def test_cpu_overcommit_is_a_problem() -> None:
+    budgets = compute_budgets(model_shape(TINY), cpu_hardware(), BudgetSettings(kv_cache_memory_bytes=8 * GIB))
+    # 8 GiB KV + 558336 weights + 256 · 2048 activations > 8 GiB available
+    assert budgets.problems == (
+        f"weights, KV cache and activations need {8 * GIB + 558336 + 524288} bytes; {8 * GIB} available",
+    )
 
 
 def test_unknown_card_uses_tgi_default_prefill() -> None:
