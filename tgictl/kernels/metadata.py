@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -61,7 +62,13 @@ class AttentionMetadata:
     num_tokens: int  # sum(new_lens): rows of `query`
     max_context_len: int
     cu_seqlens_q: Tensor  # [batch + 1] int64 query row offsets
+    cu_seqlens_k: Tensor  # [batch + 1] int64 offsets of each sequence's whole context (varlen kernels)
     context_lens: Tensor  # [batch] int64 cache_len + new_len
+    # [num_tokens] int64 absolute position of each query row (cache_len + j): rotary embeddings use it
+    position_ids: Tensor
+    # [num_tokens] int64 slot of each new token derived from the block tables (block * block_size +
+    # offset), i.e. where store_kv writes it; equals the router's slots, which follow the same rule.
+    new_token_slots: Tensor
     block_tables: Tensor  # [batch, max_blocks] int64, padded with block 0
     is_decode_only: bool  # every sequence has new_len == 1
     decode: DecodePlan | None  # None when the batch has no decode rows
@@ -129,9 +136,7 @@ def build_attention_metadata(
     _check(cache_lens, new_lens, block_tables, block_size)
     device = torch.device(device)
     context_lens = [c + n for c, n in zip(cache_lens, new_lens)]
-    cu = [0]
-    for n in new_lens:
-        cu.append(cu[-1] + n)
+    cu = [0, *accumulate(new_lens)]  # query row offsets
     max_blocks = max(len(t) for t in block_tables)
     padded_tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
 
@@ -157,6 +162,13 @@ def build_attention_metadata(
             bias=bias.view(len(decode_seqs), 1, 1, max_ctx).to(device),
             max_context_len=max_ctx,
         )
+
+    # Per query row: its sequence and its absolute position.
+    new_t = torch.tensor(new_lens, dtype=torch.int64)
+    row_seq = torch.repeat_interleave(torch.arange(len(new_lens)), new_t)  # [num_tokens]
+    row_offset = torch.arange(cu[-1]) - torch.tensor(cu[:-1], dtype=torch.int64)[row_seq]
+    positions = torch.tensor(cache_lens, dtype=torch.int64)[row_seq] + row_offset  # [num_tokens]
+    new_slots = _slot_matrix(tables_cpu[row_seq], positions[:, None], block_size)[:, 0]
 
     prefill: list[PrefillPlan] = []
     for i, (cache_len, new_len) in enumerate(zip(cache_lens, new_lens)):
@@ -187,7 +199,10 @@ def build_attention_metadata(
         num_tokens=cu[-1],
         max_context_len=max(context_lens),
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int64, device=device),
+        cu_seqlens_k=torch.tensor([0] + list(accumulate(context_lens)), dtype=torch.int64, device=device),
         context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
+        position_ids=positions.to(device),
+        new_token_slots=new_slots.to(device),
         block_tables=tables_cpu.to(device),
         is_decode_only=len(decode_seqs) == len(new_lens),
         decode=decode,

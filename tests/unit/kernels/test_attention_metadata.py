@@ -16,7 +16,10 @@ def test_metadata_describes_a_mixed_batch() -> None:
     assert meta.num_tokens == 7
     assert meta.max_context_len == 6
     assert meta.cu_seqlens_q.tolist() == [0, 2, 3, 6, 7]
+    assert meta.cu_seqlens_k.tolist() == [0, 5, 11, 14, 16]
     assert meta.context_lens.tolist() == [5, 6, 3, 2]
+    assert meta.position_ids.tolist() == [3, 4, 5, 0, 1, 2, 1]
+    assert meta.new_token_slots.tolist() == [19, 8, 5, 12, 13, 14, 25]
     assert meta.block_tables.tolist() == [[4, 2], [7, 1], [3, 0], [6, 0]]
     assert meta.block_tables.dtype == torch.int64
     assert not meta.is_decode_only
@@ -87,3 +90,15 @@ def test_check_attention_inputs_rejects_mismatches() -> None:
     with pytest.raises(InvalidRequestError, match="block_size"):
         check_attention_inputs(torch.zeros(3, 4, 8), other_block, other_block, meta)
     assert math.isclose(meta.max_context_len, 3)
+
+
+def test_positions_and_new_token_slots_follow_the_block_tables(base_spec, make_case) -> None:
+    case = make_case(base_spec)
+    bs = base_spec.block_size
+    positions, slots = [], []
+    for (cache_len, new_len), table in zip(base_spec.seqs, case.block_tables):
+        for p in range(cache_len, cache_len + new_len):
+            positions.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+    assert case.meta.position_ids.tolist() == positions
+    assert case.meta.new_token_slots.tolist() == slots
