@@ -178,3 +178,29 @@ class WarmupResult:
     max_supported_total_tokens: int  # KV tokens the cache holds (num_blocks * block_size)
     max_input_tokens: int
     max_total_tokens: int
+
+
+# Request messages of the RPCs whose arguments are more than one plain value. Health and Info take no
+# arguments; FilterBatch answers with a CachedBatch and ServiceDiscovery with a list of URLs.
+
+
+@dataclass(frozen=True)
+class ClearCacheRequest:
+    batch_id: int | None = None  # None = drop every cached batch
+
+
+@dataclass(frozen=True)
+class FilterBatchRequest:
+    batch_id: int
+    request_ids: tuple[int, ...]  # requests to keep; non-empty
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    batch: Batch
+    cached_batch: CachedBatch | None = None  # chunking: concatenated before the new batch
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    batches: tuple[CachedBatch, ...]  # non-empty; merged into one forward, in this order
