@@ -1,0 +1,185 @@
+"""Request validation in TGI's order and words (reference section 3), tokenizing once.
+
+Deliberate differences from TGI (issue 6): top_p = 1.0 is accepted and means off; presence_penalty is
+a real presence penalty; non-finite numbers are rejected with the field's message instead of slipping
+through comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from tgictl.errors import ValidationError
+from tgictl.proto.messages import SamplingParams
+from tgictl.runtime.router.request import ValidatedRequest
+from tgictl.runtime.router.tokenizer import RouterTokenizer
+
+U64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    max_input_tokens: int
+    max_total_tokens: int
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
+
+
+@dataclass(frozen=True)
+class GenerationInput:
+    """Everything a route asks for, before validation. None = not given."""
+
+    inputs: str
+    add_special_tokens: bool = True
+    stream: bool = False
+    best_of: int | None = None
+    temperature: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    typical_p: float | None = None
+    min_p: float | None = None
+    do_sample: bool = False
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    truncate: int | None = None
+    seed: int | None = None
+    top_n_tokens: int | None = None
+    decoder_input_details: bool = False
+    ignore_eos: bool = False
+
+
+def _finite(name: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ValidationError(f"`{name}` must be a finite number")
+
+
+def _sampling(request: GenerationInput, seed: int) -> SamplingParams:
+    temperature = 1.0 if request.temperature is None else request.temperature
+    if not temperature > 0:
+        raise ValidationError("`temperature` must be strictly positive")
+    repetition = 1.0 if request.repetition_penalty is None else request.repetition_penalty
+    if not repetition > 0:
+        raise ValidationError("`repetition_penalty` must be strictly positive")
+    frequency = 0.0 if request.frequency_penalty is None else request.frequency_penalty
+    if not -2.0 <= frequency <= 2.0:
+        raise ValidationError("`frequency_penalty` must be >= -2.0 and <= 2.0")
+    presence = 0.0 if request.presence_penalty is None else request.presence_penalty
+    if not -2.0 <= presence <= 2.0:
+        raise ValidationError("`presence_penalty` must be >= -2.0 and <= 2.0")
+    top_p = 1.0 if request.top_p is None else request.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise ValidationError("`top_p` must be > 0.0 and <= 1.0")
+    typical_p = 1.0 if request.typical_p is None else request.typical_p
+    if not 0.0 < typical_p <= 1.0:
+        raise ValidationError("`typical_p` must be > 0.0 and <= 1.0")
+    top_k = 0 if request.top_k is None else request.top_k
+    if request.top_k is not None and top_k <= 0:
+        raise ValidationError("`top_k` must be strictly positive")
+    min_p = 0.0 if request.min_p is None else request.min_p
+    if not 0.0 <= min_p < 1.0:
+        raise ValidationError("`min_p` must be >= 0.0 and < 1.0")
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        typical_p=typical_p,
+        min_p=min_p,
+        do_sample=request.do_sample,
+        seed=seed,
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+    )
+
+
+class Validator:
+    def __init__(self, tokenizer: RouterTokenizer, limits: ValidationLimits) -> None:
+        self._tokenizer = tokenizer
+        self.limits = limits
+
+    def validate(self, request: GenerationInput) -> ValidatedRequest:
+        """Check every limit in TGI's order; tokenize; raise ValidationError naming field and limit."""
+        limits = self.limits
+        for name in ("temperature", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                     "top_p", "typical_p", "min_p"):
+            _finite(name, getattr(request, name))
+        best_of = request.best_of if request.best_of is not None else 1
+        sampling_asked = request.do_sample or any(
+            v is not None for v in (request.temperature, request.top_k, request.top_p, request.typical_p)
+        )
+        if best_of > 1 and not sampling_asked:
+            raise ValidationError("you must use sampling when `best_of` is > 1")
+        if request.seed is not None and not 0 <= request.seed <= U64_MAX:
+            raise ValidationError(f"`seed` must be >= 0 and <= {U64_MAX}")
+        seed = request.seed if request.seed is not None else random.getrandbits(64)
+        sampling = _sampling(request, seed)
+        if request.max_new_tokens is not None and request.max_new_tokens <= 0:
+            raise ValidationError("`max_new_tokens` must be strictly positive")
+        if len(request.stop) > limits.max_stop_sequences:
+            raise ValidationError(
+                f"`stop` supports up to {limits.max_stop_sequences} stop sequences. Given: {len(request.stop)}"
+            )
+        if request.seed is not None and best_of > 1:
+            raise ValidationError("`seed` must not be set when `best_of` > 1")
+        top_n = request.top_n_tokens or 0
+        if not 0 <= top_n <= limits.max_top_n_tokens:
+            raise ValidationError(
+                f"`top_n_tokens` must be >= 0 and <= {limits.max_top_n_tokens}. Given: {top_n}"
+            )
+        if request.inputs == "":
+            raise ValidationError("`inputs` cannot be empty")
+        if request.truncate is not None and not 0 < request.truncate <= limits.max_input_tokens:
+            raise ValidationError(
+                f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. "
+                f"Given: {request.truncate}"
+            )
+        if request.stream and best_of > 1:
+            raise ValidationError("`best_of` != 1 is not supported when streaming tokens")
+        if request.stream and request.decoder_input_details:
+            raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens")
+
+        ids = self._tokenizer.encode(request.inputs, add_special_tokens=request.add_special_tokens)
+        if request.truncate is not None:
+            ids = ids[-request.truncate :]
+        input_length = len(ids)
+        if input_length == 0:
+            raise ValidationError("`inputs` must contain at least one token")
+        if request.max_new_tokens is not None:
+            total = request.max_new_tokens
+        else:
+            total = max(limits.max_total_tokens - input_length, 0)
+        this_round = min(total, limits.max_new_tokens_per_round)
+        if input_length + this_round > limits.max_total_tokens or this_round == 0:
+            raise ValidationError(
+                f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
+                f"Given: {input_length} `inputs` tokens and {this_round} `max_new_tokens`"
+            )
+        if input_length > limits.max_input_tokens:
+            raise ValidationError(
+                f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
+            )
+        return ValidatedRequest(
+            input_ids=tuple(ids),
+            sampling=sampling,
+            max_new_tokens=this_round,
+            max_total_new_tokens=total,
+            stop_sequences=tuple(request.stop),
+            ignore_eos=request.ignore_eos,
+            top_n_tokens=top_n,
+            decoder_input_details=request.decoder_input_details,
+        )
+
+    def validate_best_of(self, best_of: int) -> int:
+        limits = self.limits
+        if best_of > 1 and limits.max_best_of == 1:
+            raise ValidationError("`best_of` != 1 is not allowed for this endpoint")
+        if not 0 < best_of <= limits.max_best_of:
+            raise ValidationError(f"`best_of` must be > 0 and <= {limits.max_best_of}. Given: {best_of}")
+        return best_of
