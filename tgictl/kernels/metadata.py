@@ -61,6 +61,7 @@ class AttentionMetadata:
     block_table_lists: tuple[tuple[int, ...], ...]  # [batch][blocks] as given (for the reference)
     num_tokens: int  # sum(new_lens): rows of `query`
     max_context_len: int
+    max_block_id: int  # largest block id in any table: checked against the cache without a device sync
     cu_seqlens_q: Tensor  # [batch + 1] int64 query row offsets
     cu_seqlens_k: Tensor  # [batch + 1] int64 offsets of each sequence's whole context (varlen kernels)
     context_lens: Tensor  # [batch] int64 cache_len + new_len
@@ -198,6 +199,7 @@ def build_attention_metadata(
         block_table_lists=tuple(tuple(t) for t in block_tables),
         num_tokens=cu[-1],
         max_context_len=max(context_lens),
+        max_block_id=max(max(t, default=0) for t in block_tables),
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int64, device=device),
         cu_seqlens_k=torch.tensor([0] + list(accumulate(context_lens)), dtype=torch.int64, device=device),
         context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
@@ -222,6 +224,10 @@ def check_attention_inputs(query: Tensor, key_cache: Tensor, value_cache: Tensor
         raise InvalidRequestError(f"query has {query.shape[0]} rows but the metadata describes {meta.num_tokens}")
     if key_cache.shape[1] != meta.block_size:
         raise InvalidRequestError(f"cache block_size {key_cache.shape[1]} != metadata block_size {meta.block_size}")
+    if meta.max_block_id >= key_cache.shape[0]:
+        raise InvalidRequestError(
+            f"block id {meta.max_block_id} is out of range for a cache of {key_cache.shape[0]} blocks"
+        )
     if query.shape[2] != key_cache.shape[3]:
         raise InvalidRequestError(f"query head_dim {query.shape[2]} != cache head_dim {key_cache.shape[3]}")
     if query.shape[1] % key_cache.shape[2] != 0:

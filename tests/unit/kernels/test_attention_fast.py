@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tgictl.errors import ConfigError
+from tgictl.errors import ConfigError, InvalidRequestError
 from tgictl.kernels import (
     ATTENTION_BACKENDS,
     attention,
@@ -51,3 +51,14 @@ def test_backend_registry() -> None:
     assert set(ATTENTION_BACKENDS) == {"torch", "reference"}
     with pytest.raises(ConfigError, match="unknown attention backend 'flash'; known: reference, torch"):
         get_attention_backend("flash")
+
+
+def test_fast_path_checks_inputs_and_leaves_the_caches_alone(make_case, base_spec) -> None:
+    case = make_case(base_spec)
+    key_before, value_before = case.key_cache.clone(), case.value_cache.clone()
+    attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale)
+    assert torch.equal(case.key_cache.isnan(), key_before.isnan())
+    assert torch.equal(case.key_cache.nan_to_num(), key_before.nan_to_num())
+    assert torch.equal(case.value_cache.nan_to_num(), value_before.nan_to_num())
+    with pytest.raises(InvalidRequestError, match="rows but the metadata describes"):
+        attention(case.query[1:], case.key_cache, case.value_cache, case.meta, case.scale)

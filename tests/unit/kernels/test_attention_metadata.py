@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 
@@ -86,10 +84,13 @@ def test_check_attention_inputs_rejects_mismatches() -> None:
         check_attention_inputs(torch.zeros(3, 3, 8), cache, cache, meta)
     with pytest.raises(InvalidRequestError, match="head_dim"):
         check_attention_inputs(torch.zeros(3, 4, 4), cache, cache, meta)
+    far = build_attention_metadata([0], [3], [[2]], 4, "cpu")
+    with pytest.raises(InvalidRequestError, match="block id 2 is out of range for a cache of 2 blocks"):
+        check_attention_inputs(torch.zeros(3, 4, 8), cache, cache, far)
     other_block = torch.zeros(2, 8, 2, 8)
     with pytest.raises(InvalidRequestError, match="block_size"):
         check_attention_inputs(torch.zeros(3, 4, 8), other_block, other_block, meta)
-    assert math.isclose(meta.max_context_len, 3)
+    assert meta.max_context_len == 3 and meta.max_block_id == 1
 
 
 def test_positions_and_new_token_slots_follow_the_block_tables(base_spec, make_case) -> None:
