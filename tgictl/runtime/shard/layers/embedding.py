@@ -1,0 +1,66 @@
+"""Vocab-parallel embedding and LM head: each rank holds a contiguous block of vocabulary rows.
+
+Blocks are ceil(vocab / world_size) rows (the last rank's may be shorter), so any vocabulary size
+splits. The embedding sums the ranks' partial lookups (each token lives on exactly one rank); the LM
+head all-gathers every rank's logits, so every rank ends with identical full logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tgictl.runtime.shard.dist import DistContext, all_gather, all_reduce
+from tgictl.runtime.shard.weights import Weights
+
+
+def vocab_range(vocab_size: int, rank: int, world_size: int) -> tuple[int, int, int]:
+    """(start, stop, block) of this rank's vocabulary rows; block is the padded per-rank size."""
+    block = -(-vocab_size // world_size)
+    start = min(rank * block, vocab_size)
+    return start, min(start + block, vocab_size), block
+
+
+def load_vocab_rows(weights: Weights, name: str, vocab_size: int) -> Tensor:
+    """This rank's rows of a [vocab, hidden] matrix."""
+    start, stop, _ = vocab_range(vocab_size, weights.dist.rank, weights.dist.world_size)
+    return weights.get_range(name, 0, start, stop)
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, weight: Tensor, vocab_size: int, dist: DistContext) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [rows_per_rank, hidden]
+        self.dist = dist
+        self.start, self.stop, _ = vocab_range(vocab_size, dist.rank, dist.world_size)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """input_ids: [tokens] int64 -> [tokens, hidden]."""
+        if not self.dist.is_sharded:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.stop - self.start)  # [tokens] ids another rank holds
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside[:, None], 0)
+        return all_reduce(out, self.dist)
+
+
+class ParallelLMHead(nn.Module):
+    def __init__(self, weight: Tensor, vocab_size: int, dist: DistContext) -> None:
+        super().__init__()
+        # Shares the embedding's Parameter when the embeddings are tied (same rows on every rank).
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.vocab_size = vocab_size
+        self.dist = dist
+        _, _, self.block = vocab_range(vocab_size, dist.rank, dist.world_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden: [n, hidden] -> logits [n, vocab_size] float32, identical on every rank."""
+        logits = F.linear(hidden, self.weight)  # [n, rows_per_rank]
+        if self.dist.is_sharded:
+            missing = self.block - logits.shape[1]
+            if missing:
+                logits = F.pad(logits, (0, missing))  # every rank sends [n, block]
+            logits = all_gather(logits, self.dist, dim=-1)[:, : self.vocab_size]
+        return logits.to(torch.float32)

@@ -1,0 +1,28 @@
+"""Gated SiLU MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one column-parallel matmul."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
+from tgictl.runtime.shard.weights import Weights
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, gate_up: ColumnParallelLinear, down: RowParallelLinear) -> None:
+        super().__init__()
+        self.gate_up = gate_up  # [hidden] -> [2 * intermediate_per_rank]: gate rows, then up rows
+        self.down = down  # [intermediate_per_rank] -> [hidden], all-reduced over ranks
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, *, bias: bool) -> GatedMLP:
+        """prefix: e.g. "model.layers.0.mlp" with gate_proj, up_proj, down_proj below it."""
+        gate_up = ColumnParallelLinear.load_sharded(weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias=bias)
+        down = RowParallelLinear.load_sharded(weights, f"{prefix}.down_proj", bias=bias)
+        return cls(gate_up, down)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [tokens, hidden] -> [tokens, hidden]."""
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # each [tokens, intermediate_per_rank]
+        return self.down(F.silu(gate) * up)
