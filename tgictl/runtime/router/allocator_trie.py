@@ -73,9 +73,10 @@ class RadixTrie:
         """Every unpinned node is reachable by repeated leaf eviction, so this is exact."""
         return self._num_blocks - self._pinned_blocks
 
-    def _edge(self, key: Sequence[int], pos: int) -> Hashable:
-        # A 1-token block is keyed by the token itself: cheaper to hash than a 1-tuple.
-        return key[pos] if self._bs == 1 else tuple(key[pos : pos + self._bs])
+    def _edge(self, key: tuple[int, ...], pos: int) -> Hashable:
+        # Children are keyed by their first block; a 1-token block by the token itself, which is
+        # cheaper to hash than a 1-tuple. find/insert inline this on their hot path.
+        return key[pos] if self._bs == 1 else key[pos : pos + self._bs]
 
     def _shared(self, node_key: tuple[int, ...], key: tuple[int, ...], pos: int) -> int:
         """Tokens node_key shares with key[pos:], rounded down to whole blocks."""
@@ -98,16 +99,20 @@ class RadixTrie:
         now, bs = self._time, self._bs
         node, blocks, pos = self.root, [], 0
         while len(key) - pos >= bs:
-            child = node.children.get(self._edge(key, pos))
+            child = node.children.get(key[pos] if bs == 1 else key[pos : pos + bs])
             if child is None:
                 break
-            self._touch(child, now)
+            child.last_accessed = now
+            if child.leaf_entry is not None:
+                self._relist_leaf(child)
+            node_len = len(child.key)
+            if key[pos : pos + node_len] == child.key:  # the common case: the whole node matches
+                blocks.extend(child.blocks)
+                node, pos = child, pos + node_len
+                continue
             shared = self._shared(child.key, key, pos)
             blocks.extend(child.blocks[: shared // bs])
-            node = child
-            pos += shared
-            if shared < len(child.key):
-                break
+            return child, blocks
         return node, blocks
 
     def insert(self, tokens: Sequence[int], blocks: Sequence[int]) -> int:
@@ -123,11 +128,13 @@ class RadixTrie:
         now = self._time
         node, pos = self.root, 0
         while pos < len(tokens):
-            child = node.children.get(self._edge(tokens, pos))
+            child = node.children.get(tokens[pos] if bs == 1 else tokens[pos : pos + bs])
             if child is None:
                 self._add_node(node, tokens[pos:], list(blocks[pos // bs :]))
                 return pos
-            self._touch(child, now)
+            child.last_accessed = now
+            if child.leaf_entry is not None:
+                self._relist_leaf(child)
             shared = self._shared(child.key, tokens, pos)
             if pos + shared == len(tokens):
                 return len(tokens)  # a prefix of an existing path: nothing new, no split needed
@@ -251,11 +258,10 @@ class RadixTrie:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _touch(self, node: TrieNode, now: int) -> None:
-        node.last_accessed = now
-        if node.leaf_entry is not None:
-            self._leaf_count -= 1
-            self._make_leaf(node)
+    def _relist_leaf(self, node: TrieNode) -> None:
+        """A leaf's access time changed: its heap entry must move."""
+        self._leaf_count -= 1
+        self._make_leaf(node)
 
     def _make_leaf(self, node: TrieNode) -> None:
         entry = (node.last_accessed, node.node_id, node)

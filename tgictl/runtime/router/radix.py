@@ -19,7 +19,6 @@ from tgictl.runtime.router.block_allocator import (
     AllocatorError,
     AllocatorIntegrityError,
     BlockAllocation,
-    blocks_for,
     check_allocate_args,
     check_allocator_shape,
     check_block_ownership,
@@ -101,7 +100,7 @@ class RadixAllocator:
         # Pin before measuring what is evictable, so the prefix we are about to use is not.
         trie.pin(node)
         prefix_blocks = len(blocks)
-        need = blocks_for(tokens - prefix_blocks * bs, bs)
+        need = -(-(tokens - prefix_blocks * bs) // bs)  # blocks_for, inlined: this is per request
         free = self._free
         short = need - len(free)
         if short > 0:
@@ -119,9 +118,9 @@ class RadixAllocator:
         block_tuple = tuple(blocks)
         self._live[allocation_id] = _Live(node, prefix_blocks, prompt, block_tuple)
         self._suffix_blocks += need
-        return BlockAllocation(
-            allocation_id, block_tuple, slots_for(block_tuple, bs, tokens), prefix_blocks * bs
-        )
+        # With 1-token blocks there is exactly one block per token: slots are the blocks.
+        slots = block_tuple if bs == 1 else slots_for(block_tuple, bs, tokens)
+        return BlockAllocation(allocation_id, block_tuple, slots, prefix_blocks * bs)
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
         live = self._live.get(allocation.allocation_id)
