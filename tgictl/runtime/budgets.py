@@ -359,12 +359,12 @@ def compute_budgets(
 ) -> Budgets:
     """Every serving figure for `settings.num_shard` shards on `hardware` (the first N GPUs, else the CPU)."""
     n = settings.num_shard
+    kv_heads = kv_heads_per_shard(shape, n)  # the model's own limit on num_shard comes first
     on_gpu = bool(hardware.gpus)
     if on_gpu and n > len(hardware.gpus):
         raise ConfigError(f"num_shard={n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
     dtype, dtype_source = _dtype(shape, settings, on_gpu)
     dtype_bytes = DTYPE_BYTES[dtype]
-    kv_heads = kv_heads_per_shard(shape, n)
     weights = parameters_per_shard(shape, n) * dtype_bytes
     flops = model_flops_per_token(shape)
     kv_token = 2 * shape.num_layers * kv_heads * shape.head_dim * dtype_bytes  # K and V, every layer
@@ -384,8 +384,8 @@ def compute_budgets(
     else:
         max_input, max_input_source = max(max_total - 1, 0), "max_total_tokens − 1"
     problems = _problems(
-        blocks=blocks, max_input=max_input, max_total=max_total, prefill=prefill, batch_total=batch_total, vram_max=vram_max,
-        weights=weights, memory=memory, memory_name=memory_name,
+        blocks=blocks, max_input=max_input, max_total=max_total, prefill=prefill, batch_total=batch_total,
+        vram_max=vram_max, weights=weights, memory=memory, memory_name=memory_name,
         ram_needed=None if on_gpu else n * (weights + kv_memory + prefill * activations),
         ram_available=hardware.cpu.available_memory_bytes,
     )

@@ -1,0 +1,154 @@
+"""`tgictl profile`: the report built from described hardware (exact), and the real command line on a
+model directory that holds only a config.json (figures that do not depend on this host's hardware)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgictl.errors import ConfigError, ModelNotFoundError, UsageError
+from tgictl.commands.profile import parse_size, profile_report, read_model_files
+from tgictl.runtime.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.hardware import CpuHost, GpuDevice, Hardware, MatmulMeasurement, discover_gpus
+
+REPO = Path(__file__).resolve().parents[3]
+GIB = 1 << 30
+TINY: dict[str, Any] = {
+    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+    "tie_word_embeddings": False, "max_position_embeddings": 256, "torch_dtype": "float32",
+}
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 200}))
+    return tmp_path
+
+
+def run_tgictl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [sys.executable, "-m", "tgictl", *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4GiB", 4 * GIB), ("512MiB", 512 << 20), ("2G", 2 * GIB), ("1GB", 10**9), ("1.5KiB", 1536),
+     ("123", 123), (" 64 kb ", 64000), ("7B", 7)],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1GiB", "4 PiB", "GiB"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="--kv-cache-memory"):
+        parse_size(text)
+
+
+def test_read_model_files(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert read_model_files(model_dir) == (TINY, 200)
+    (model_dir / "tokenizer_config.json").write_text("{not json")
+    assert read_model_files(model_dir) == (TINY, None)  # a broken tokenizer file only drops that bound
+    empty = tmp_path_factory.mktemp("empty")
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        read_model_files(empty)
+    (empty / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="JSON object"):
+        read_model_files(empty)
+
+
+def test_report_for_two_described_gpus(model_dir: Path) -> None:
+    config, tokenizer_max_length = read_model_files(model_dir)
+    shape = model_shape(config)
+    hardware = Hardware(
+        gpus=(GpuDevice(0, "NVIDIA L4", 24 * GIB, 24 * GIB), GpuDevice(1, "NVIDIA L4", 24 * GIB, 24 * GIB)),
+        gpu_note="",
+        cpu=CpuHost(cores=8, total_memory_bytes=64 * GIB, available_memory_bytes=60 * GIB),
+        cpu_matmul=(),
+    )
+    settings = BudgetSettings(num_shard=2, dtype="bfloat16", kv_cache_memory_bytes=1 << 20)
+    budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length)
+    report = profile_report("tiny", model_dir, shape, hardware, budgets)
+    assert json.loads(json.dumps(report)) == report  # plain JSON all the way down
+    assert report["devices"]["gpus"][1] == {
+        "index": 1, "name": "NVIDIA L4", "total_memory_bytes": 24 * GIB, "free_memory_bytes": 24 * GIB,
+        "dense_16bit_flops": 121e12, "flops_source": "TGI launcher FLOPs table (reference §4.3)",
+    }
+    assert report["model"]["path"] == str(model_dir) and report["model"]["num_kv_heads"] == 2
+    figures = {name: figure["value"] for name, figure in report["budgets"].items()}
+    assert figures == {
+        "target": "cuda: 2 × NVIDIA L4",
+        "dtype": "bfloat16",
+        "weight_bytes_per_shard": 139904,  # 69952 parameters per shard (see test_budgets) · 2
+        "model_flops_per_token": 163840,
+        "kv_heads_per_shard": 1,
+        "kv_bytes_per_token_per_shard": 128,  # 2 · 2 layers · 1 kv head · 16 · 2 bytes
+        "kv_bytes_per_block_per_shard": 2048,
+        "activation_bytes_per_token_per_shard": 640,  # (2·64 + 3·64) · 2
+        "device_flops": 242e12,  # 2 × 121 TFLOP/s
+        "max_batch_prefill_tokens": 256,  # 242e12 / 163840 ≫ max_position_embeddings 256
+        "kv_cache_memory_bytes_per_shard": 1 << 20,  # the flag caps what 24 GiB would allow
+        "kv_blocks": 512,  # 1 MiB / 2048
+        "max_batch_total_tokens": 8192,
+        "max_total_tokens": 200,  # tokenizer_config.json's model_max_length is the tightest bound
+        "max_input_tokens": 199,
+        "cuda_graphs": [1, 2, 4, 8, 16, 32],
+    }
+    assert report["problems"] == []
+
+
+def test_cli_json_output(model_dir: Path) -> None:
+    result = run_tgictl(
+        "--json-output", "profile", "--model-id", str(model_dir), "--dtype", "float32", "--kv-cache-memory", "1MiB"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"model", "devices", "budgets", "problems"}
+    figures = {name: figure["value"] for name, figure in report["budgets"].items()}
+    # Figures that hold on any host: float32 is forced, the KV budget is given (and on a GPU only caps).
+    assert figures["weight_bytes_per_shard"] == 558336  # 139584 parameters · 4
+    assert figures["kv_bytes_per_block_per_shard"] == 8192
+    assert figures["kv_blocks"] == 128  # 1 MiB / 8192
+    assert figures["max_batch_total_tokens"] == 2048
+    assert (figures["max_total_tokens"], figures["max_input_tokens"]) == (200, 199)
+    assert figures["max_batch_prefill_tokens"] == 256
+    assert all(set(figure) == {"value", "source"} and figure["source"] for figure in report["budgets"].values())
+    if not report["devices"]["gpus"]:
+        assert report["devices"]["gpu_note"]
+        assert [m["dtype"] for m in report["devices"]["cpu_matmul"]] == ["float32", "bfloat16"]
+        assert figures["cuda_graphs"] == []
+
+
+def test_cli_table_then_exit_code_for_a_setup_that_would_not_start(model_dir: Path) -> None:
+    # 64 KiB holds 8 blocks = 128 tokens: --max-total-tokens 150 cannot be served
+    result = run_tgictl(
+        "profile", "--model-id", str(model_dir), "--dtype", "float32", "--kv-cache-memory", "64KiB",
+        "--max-total-tokens", "150",
+    )
+    assert result.returncode == 2
+    assert "max_batch_total_tokens" in result.stdout and "kv_bytes_per_block_per_shard" in result.stdout
+    if not discover_gpus().devices:
+        assert "No GPU" in result.stdout and "sizing for the CPU" in result.stdout
+    error_lines = result.stderr.strip().splitlines()
+    assert len(error_lines) == 1
+    assert "Not enough memory to handle `max_total_tokens=150`: the KV cache holds 128 tokens" in error_lines[0]
+
+
+def test_cli_errors_are_one_line(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    empty = tmp_path_factory.mktemp("no-config")
+    result = run_tgictl("profile", "--model-id", str(empty))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"Error: {empty} has no config.json"
+    result = run_tgictl("profile", "--model-id", str(model_dir), "--num-shard", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "Error: num_attention_heads=4 is not divisible by num_shard=3"

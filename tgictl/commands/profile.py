@@ -1,0 +1,215 @@
+"""`tgictl profile`: the serving budgets a model would get on this host, from its config.json alone.
+
+Flags → BudgetSettings → discover the hardware → runtime/budgets. Nothing is loaded onto a device, so
+the command is safe next to a running server. (A `--measure` mode that loads the model and runs the
+shard's warmup probe belongs here once the launcher can start shards for it.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from tgictl.config import DEFAULT_MODEL_ID, LogConfig
+from tgictl.env import read_env
+from tgictl.errors import ConfigError, ModelNotFoundError, UsageError
+from tgictl.runtime.budgets import DTYPE_BYTES, Budgets, BudgetSettings, ModelShape, compute_budgets, model_shape
+from tgictl.runtime.hardware import Hardware, discover_hardware, lookup_card_flops
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+# Binary units for K/M/G/T with or without "i"/"iB" (memory is sized in powers of two); "KB"/"MB"/...
+# are the decimal units their names promise.
+_SIZE_UNITS: dict[str, int] = {"": 1, "b": 1} | {
+    spelling: base**power
+    for power, letter in enumerate("kmgt", start=1)
+    for spelling, base in ((letter, 1024), (f"{letter}i", 1024), (f"{letter}ib", 1024), (f"{letter}b", 1000))
+}
+
+
+def parse_size(text: str) -> int:
+    """"4GiB", "512MiB", "2G" (binary), "1GB" (decimal) or plain bytes → bytes."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise UsageError(f"--kv-cache-memory must be a size such as 4GiB, 512MiB or 1000000, got {text!r}")
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[(unit or "").lower()])
+
+
+def read_model_files(model_dir: Path) -> tuple[dict[str, Any], int | None]:
+    """config.json, and the tokenizer's model_max_length when tokenizer_config.json states one."""
+    config_path = model_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ModelNotFoundError(f"{model_dir} has no config.json") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read {config_path}: {err}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_path} does not hold a JSON object")
+    max_length = None
+    tokenizer_path = model_dir / "tokenizer_config.json"
+    if tokenizer_path.is_file():
+        try:
+            value = json.loads(tokenizer_path.read_text()).get("model_max_length")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            value = None  # the tokenizer limit is one bound among three; a broken file just drops it
+        if isinstance(value, int) and not isinstance(value, bool):
+            max_length = value
+    return config, max_length
+
+
+def profile_report(
+    model_id: str, model_dir: Path, shape: ModelShape, hardware: Hardware, budgets: Budgets
+) -> dict[str, Any]:
+    """The JSON document of `tgictl profile --json-output`; the table shows the same fields."""
+    gpus = []
+    for gpu in hardware.gpus:
+        card = lookup_card_flops(gpu.name)
+        gpus.append(asdict(gpu) | {
+            "dense_16bit_flops": card.dense_16bit_flops if card else None,
+            "flops_source": card.source if card else "not in the FLOPs table",
+        })
+    budget_figures = budgets.to_dict()
+    problems = budget_figures.pop("problems")
+    return {
+        "model": {"model_id": model_id, "path": str(model_dir)} | asdict(shape),
+        "devices": {
+            "gpus": gpus,
+            "gpu_note": hardware.gpu_note,
+            "cpu": asdict(hardware.cpu),
+            "cpu_matmul": [asdict(m) for m in hardware.cpu_matmul],
+        },
+        "budgets": budget_figures,
+        "problems": problems,
+    }
+
+
+def _bytes(value: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value:,} ({value / size:.1f} {unit})"
+    return f"{value:,}"
+
+
+def _format(name: str, value: Any) -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) if value else "none"
+    if isinstance(value, float):
+        return f"{value / 1e12:.3g} TFLOP/s" if name == "device_flops" else f"{value:.4g}"
+    if isinstance(value, int) and "bytes" in name:
+        return _bytes(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render_report(report: dict[str, Any]) -> None:
+    """Rich tables on stdout: devices, model, then every budget figure with its source."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    devices = report["devices"]
+    if devices["gpus"]:
+        table = Table(title="GPUs (NVML)")
+        for column in ("#", "name", "total", "free", "dense 16-bit", "FLOPs source"):
+            table.add_column(column)
+        for gpu in devices["gpus"]:
+            flops = gpu["dense_16bit_flops"]
+            table.add_row(str(gpu["index"]), gpu["name"], _bytes(gpu["total_memory_bytes"]),
+                          _bytes(gpu["free_memory_bytes"]), _format("device_flops", flops), gpu["flops_source"])
+        console.print(table)
+    else:
+        cpu = devices["cpu"]
+        console.print(f"No GPU ({devices['gpu_note']}): sizing for the CPU.")
+        rates = ", ".join(f"{m['dtype']} {m['flops_per_s'] / 1e9:.1f} GFLOP/s" for m in devices["cpu_matmul"])
+        console.print(f"CPU: {cpu['cores']} cores, RAM {_bytes(cpu['total_memory_bytes'])} total, "
+                      f"{_bytes(cpu['available_memory_bytes'])} available; measured matmul: {rates or 'none'}")
+    model = report["model"]
+    console.print(
+        f"Model {model['model_id']} ({model['model_type'] or 'unknown type'}): {model['num_layers']} layers, "
+        f"hidden {model['hidden_size']}, {model['num_heads']} heads / {model['num_kv_heads']} KV heads of "
+        f"{model['head_dim']}, intermediate {model['intermediate_size']}, vocab {model['vocab_size']}"
+    )
+    table = Table(title="Budgets (estimated from config.json; no weights loaded)")
+    table.add_column("figure", no_wrap=True)
+    table.add_column("value", no_wrap=True)
+    table.add_column("source")
+    for name, figure in report["budgets"].items():
+        table.add_row(name, _format(name, figure["value"]), figure["source"])
+    console.print(table)
+    for problem in report["problems"]:
+        console.print(f"[bold red]problem:[/] {problem}")
+
+
+def _json_output(ctx: typer.Context) -> bool:
+    """The global --json-output choice: cli.py's callback leaves the resolved LogConfig in ctx.obj; without
+    it (an app built without that callback) the flag, else the environment, decides the same way."""
+    if isinstance(ctx.obj, LogConfig):
+        return ctx.obj.json_output
+    flag = ctx.find_root().params.get("json_output")
+    return bool(flag) if flag is not None else read_env().json_output
+
+
+def _resolve(model_id: str, revision: str | None) -> Path:
+    local = Path(model_id).expanduser()
+    if local.is_dir():
+        return local
+    from tgictl.runtime.hub import resolve_model  # lazy: a local directory needs no hub machinery
+
+    return Path(resolve_model(model_id, revision))
+
+
+def profile(
+    ctx: typer.Context,
+    model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    num_shard: int = typer.Option(1, "--num-shard", help="Tensor-parallel shards (GPUs, or processes on CPU)."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help=f"One of {', '.join(DTYPE_BYTES)} (default: from config.json).", show_default=False
+    ),
+    block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
+    max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", show_default=False),
+    max_total_tokens: Optional[int] = typer.Option(None, "--max-total-tokens", show_default=False),
+    max_batch_prefill_tokens: Optional[int] = typer.Option(None, "--max-batch-prefill-tokens", show_default=False),
+    kv_cache_memory: Optional[str] = typer.Option(
+        None, "--kv-cache-memory", show_default=False,
+        help="KV cache bytes per shard, e.g. 4GiB (CPU: the budget, default min(25% of available RAM, 4 GiB); "
+        "CUDA: a cap on what free memory allows).",
+    ),
+    cuda_memory_fraction: float = typer.Option(1.0, "--cuda-memory-fraction", help="Share of each GPU to use."),
+) -> None:
+    """Show the budgets (KV blocks, token limits, prefill size) this host gives a model, without loading it."""
+    settings = BudgetSettings(
+        num_shard=num_shard,
+        dtype=dtype,
+        block_size=block_size,
+        max_input_tokens=max_input_tokens,
+        max_total_tokens=max_total_tokens,
+        max_batch_prefill_tokens=max_batch_prefill_tokens,
+        kv_cache_memory_bytes=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
+        cuda_memory_fraction=cuda_memory_fraction,
+    )
+    model_dir = _resolve(model_id, revision)
+    config, tokenizer_max_length = read_model_files(model_dir)
+    shape = model_shape(config)
+    hardware = discover_hardware()
+    budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length)
+    report = profile_report(model_id, model_dir, shape, hardware, budgets)
+    if _json_output(ctx):
+        typer.echo(json.dumps(report))
+    else:
+        render_report(report)
+    if budgets.problems:  # the figures are printed; the exit code says this setup would not start
+        raise ConfigError(f"this configuration would not start: {'; '.join(budgets.problems)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)
