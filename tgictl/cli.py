@@ -26,7 +26,9 @@ from tgictl.log import configure_logging, export_to_children
 
 # Every subcommand lives in its own module exposing `register(app: typer.Typer) -> None`.
 # Adding a command is adding one line here.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "tgictl.commands.profile",
+)
 
 
 def _usage_error_types() -> tuple[type[Exception], ...]:
