@@ -23,7 +23,9 @@ def allocate(cache: RadixAllocator, tokens: int, prompt: Sequence[int] | None) -
     return allocation
 
 
-def free(cache: RadixAllocator, allocation: BlockAllocation, computed: Sequence[int] | None) -> None:
+def free(
+    cache: RadixAllocator, allocation: BlockAllocation, computed: Sequence[int] | None
+) -> None:
     cache.free(allocation, computed)
     cache.check_integrity()
 

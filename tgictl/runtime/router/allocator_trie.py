@@ -44,7 +44,10 @@ class TrieNode:
         self.leaf_entry: _LeafEntry | None = None  # the live heap entry while evictable
 
     def __repr__(self) -> str:
-        return f"TrieNode(id={self.node_id}, key={self.key}, blocks={self.blocks}, ref={self.ref_count})"
+        return (
+            f"TrieNode(id={self.node_id}, key={self.key}, blocks={self.blocks}, "
+            f"ref={self.ref_count})"
+        )
 
 
 class RadixTrie:
@@ -55,7 +58,8 @@ class RadixTrie:
         self.root = TrieNode(0, (), [], None, 0)
         self._next_id = 1
         self._time = 0
-        self._heap: list[_LeafEntry] = []  # lazily deleted: an entry is live iff node.leaf_entry is it
+        # Lazily deleted: an entry is live iff it is its node's leaf_entry.
+        self._heap: list[_LeafEntry] = []
         self._leaf_count = 0
         self._num_blocks = 0  # blocks held by all nodes
         self._pinned_blocks = 0  # blocks of nodes with pins_below > 0
@@ -98,7 +102,8 @@ class RadixTrie:
         self._time += 1
         now, bs = self._time, self._bs
         node, blocks, pos = self.root, [], 0
-        while len(key) - pos >= bs:
+        last = len(key) - bs  # a child can match only while a whole block remains
+        while pos <= last:
             child = node.children.get(key[pos] if bs == 1 else key[pos : pos + bs])
             if child is None:
                 break
@@ -126,8 +131,8 @@ class RadixTrie:
             )
         self._time += 1
         now = self._time
-        node, pos = self.root, 0
-        while pos < len(tokens):
+        node, pos, end = self.root, 0, len(tokens)
+        while pos < end:
             child = node.children.get(tokens[pos] if bs == 1 else tokens[pos : pos + bs])
             if child is None:
                 self._add_node(node, tokens[pos:], list(blocks[pos // bs :]))
@@ -136,8 +141,8 @@ class RadixTrie:
             if child.leaf_entry is not None:
                 self._relist_leaf(child)
             shared = self._shared(child.key, tokens, pos)
-            if pos + shared == len(tokens):
-                return len(tokens)  # a prefix of an existing path: nothing new, no split needed
+            if pos + shared == end:
+                return end  # a prefix of an existing path: nothing new, no split needed
             if shared < len(child.key):
                 child = self._split(child, shared)
             node = child
@@ -242,14 +247,14 @@ class RadixTrie:
             if is_leaf != (entry is not None):
                 raise fail(f"{node!r}: leaf set membership disagrees with ref_count")
             if entry is not None:
-                if entry[0] != node.last_accessed or entry[1] != node.node_id or entry[2] is not node:
+                if entry != (node.last_accessed, node.node_id, node) or entry[2] is not node:
                     raise fail(f"{node!r}: stale leaf entry {entry[:2]}")
                 leaves.add(id(entry))
             total += len(node.blocks)
             pinned += len(node.blocks) if node.pins_below else 0
         live = {id(e) for e in self._heap if e[2].leaf_entry is e}
         if live != leaves or self._leaf_count != len(leaves):
-            raise fail(f"leaf heap holds {len(live)} live entries, the trie has {len(leaves)} leaves")
+            raise fail(f"leaf heap has {len(live)} live entries, the trie {len(leaves)} leaves")
         if total != self._num_blocks or pinned != self._pinned_blocks:
             raise fail(
                 f"block totals: counted {total} ({pinned} pinned), "

@@ -156,9 +156,13 @@ def check_block_ownership(
     for owner, blocks in owners:
         for block in blocks:
             if not 0 < block < num_blocks:
-                raise AllocatorIntegrityError(f"{owner} holds block {block}, outside 1..{num_blocks - 1}")
+                raise AllocatorIntegrityError(
+                    f"{owner} holds block {block}, outside 1..{num_blocks - 1}"
+                )
             if block in seen:
-                raise AllocatorIntegrityError(f"block {block} is owned twice: {seen[block]} and {owner}")
+                raise AllocatorIntegrityError(
+                    f"block {block} is owned twice: {seen[block]} and {owner}"
+                )
             seen[block] = owner
     if len(seen) != num_blocks - 1:
         missing = sorted(set(range(1, num_blocks)) - seen.keys())

@@ -62,7 +62,7 @@ class RadixAllocator:
 
     @property
     def trie(self) -> RadixTrie:
-        """The cache itself, for inspection (tests, debugging). Mutate only through the allocator."""
+        """The cache itself, for inspection (tests, debugging); mutate it only via the allocator."""
         return self._trie
 
     @property
