@@ -17,9 +17,18 @@ import typer
 
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
-from tgictl.errors import ConfigError, ModelNotFoundError, UsageError
-from tgictl.runtime.budgets import DTYPE_BYTES, Budgets, BudgetSettings, ModelShape, compute_budgets, model_shape
+from tgictl.errors import ConfigError, UsageError
+from tgictl.runtime.budgets import (
+    DTYPE_BYTES,
+    Budgets,
+    BudgetSettings,
+    ModelShape,
+    compute_budgets,
+    kv_heads_per_shard,
+    model_shape,
+)
 from tgictl.runtime.hardware import Hardware, discover_hardware, lookup_card_flops
+from tgictl.runtime.hub import load_model_config, resolve_model
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 # Binary units for K/M/G/T with or without "i"/"iB" (memory is sized in powers of two); "KB"/"MB"/...
@@ -42,15 +51,7 @@ def parse_size(text: str) -> int:
 
 def read_model_files(model_dir: Path) -> tuple[dict[str, Any], int | None]:
     """config.json, and the tokenizer's model_max_length when tokenizer_config.json states one."""
-    config_path = model_dir / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise ModelNotFoundError(f"{model_dir} has no config.json") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"cannot read {config_path}: {err}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{config_path} does not hold a JSON object")
+    config = load_model_config(model_dir)
     max_length = None
     tokenizer_path = model_dir / "tokenizer_config.json"
     if tokenizer_path.is_file():
@@ -160,11 +161,9 @@ def _json_output(ctx: typer.Context) -> bool:
 
 def _resolve(model_id: str, revision: str | None) -> Path:
     local = Path(model_id).expanduser()
-    if local.is_dir():
+    if local.is_dir():  # a config.json is all profile needs; resolve_model would insist on weights
         return local
-    from tgictl.runtime.hub import resolve_model  # lazy: a local directory needs no hub machinery
-
-    return Path(resolve_model(model_id, revision))
+    return resolve_model(model_id, revision)
 
 
 def profile(
@@ -200,6 +199,7 @@ def profile(
     model_dir = _resolve(model_id, revision)
     config, tokenizer_max_length = read_model_files(model_dir)
     shape = model_shape(config)
+    kv_heads_per_shard(shape, num_shard)  # fail on a model/shard mismatch before measuring anything
     hardware = discover_hardware()
     budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length)
     report = profile_report(model_id, model_dir, shape, hardware, budgets)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tgictl.errors import ConfigError, ModelNotFoundError, UsageError
+from tgictl.errors import ModelNotFoundError, UsageError
 from tgictl.commands.profile import parse_size, profile_report, read_model_files
 from tgictl.runtime.budgets import BudgetSettings, compute_budgets, model_shape
 from tgictl.runtime.hardware import CpuHost, GpuDevice, Hardware, MatmulMeasurement, discover_gpus
@@ -63,7 +63,7 @@ def test_read_model_files(model_dir: Path, tmp_path_factory: pytest.TempPathFact
     with pytest.raises(ModelNotFoundError, match="has no config.json"):
         read_model_files(empty)
     (empty / "config.json").write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="JSON object"):
+    with pytest.raises(ModelNotFoundError, match="JSON object"):
         read_model_files(empty)
 
 
@@ -148,7 +148,7 @@ def test_cli_errors_are_one_line(model_dir: Path, tmp_path_factory: pytest.TempP
     empty = tmp_path_factory.mktemp("no-config")
     result = run_tgictl("profile", "--model-id", str(empty))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"Error: {empty} has no config.json"
+    assert result.stderr.strip() == f"Error: {empty} has no config.json; it is not a model directory"
     result = run_tgictl("profile", "--model-id", str(model_dir), "--num-shard", "3")
     assert result.returncode == 2
     assert result.stderr.strip() == "Error: num_attention_heads=4 is not divisible by num_shard=3"

@@ -6,6 +6,8 @@ name, or a CPU host with a fixed matmul rate), so the figures are exact on any m
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,3 +292,20 @@ def test_not_enough_gpus_or_indivisible_heads() -> None:
 def test_settings_validation(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         BudgetSettings(**kwargs)
+
+
+def _safetensors_parameters(model_dir: Path) -> int:
+    """Parameters stored in a model directory, read from the safetensors headers only (8-byte
+    little-endian header length, then a JSON map of tensor name → dtype, shape, offsets)."""
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with path.open("rb") as file:
+            header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+        total += sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
+    return total
+
+
+def test_parameter_count_matches_the_real_smollm2_weights(smollm2_dir: Path) -> None:
+    # The arithmetic and the converted checkpoint must agree tensor for tensor (tied head, no biases).
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert parameters_per_shard(model_shape(config), 1) == _safetensors_parameters(smollm2_dir) == 134515008
