@@ -1,0 +1,83 @@
+"""The contract every model family implements: one forward over a mixed batch of new tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from tgictl.errors import InvalidRequestError
+from tgictl.kernels import AttentionMetadata
+from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.shard.kv_cache import KVCache
+from tgictl.runtime.shard.model_config import ModelConfig
+
+
+class CausalLM(nn.Module):
+    """A loaded decoder-only model on one rank. Subclasses implement `compute_logits`."""
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, dist: DistContext) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        self.dist = dist
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> KVCache:
+        """A zeroed cache shaped for this model and rank (dtype defaults to the model's)."""
+        return KVCache.for_model(
+            self.config,
+            world_size=self.dist.world_size,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=dtype or self.dtype,
+            device=self.device,
+        )
+
+    def kv_bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None) -> int:
+        return KVCache.bytes_per_block(
+            self.config.num_layers,
+            block_size,
+            self.config.kv_heads_per_rank(self.dist.world_size),
+            self.config.head_dim,
+            dtype or self.dtype,
+        )
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        logit_indices: Tensor,
+    ) -> Tensor:
+        """One step over every new token of the batch, concatenated in batch order.
+
+        input_ids, positions, slots: [num_tokens] int64; logit_indices: [n] int64 rows whose logits
+        are needed. Writes the new K/V to `slots` in `kv_cache`. Returns logits [n, vocab_size]
+        float32, identical on every tensor-parallel rank.
+        """
+        tokens = meta.num_tokens
+        if input_ids.shape != (tokens,) or positions.shape != (tokens,) or slots.shape != (tokens,):
+            raise InvalidRequestError(
+                f"input_ids {tuple(input_ids.shape)}, positions {tuple(positions.shape)} and slots "
+                f"{tuple(slots.shape)} must all be [{tokens}] (the metadata's num_tokens)"
+            )
+        if kv_cache.num_layers != self.config.num_layers or kv_cache.block_size != meta.block_size:
+            raise InvalidRequestError(
+                f"KV cache has {kv_cache.num_layers} layers and block_size {kv_cache.block_size}; "
+                f"the model has {self.config.num_layers} layers and the batch block_size {meta.block_size}"
+            )
+        with torch.inference_mode():
+            return self.compute_logits(input_ids, positions, slots, kv_cache, meta, logit_indices)
+
+    def compute_logits(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        logit_indices: Tensor,
+    ) -> Tensor:
+        raise NotImplementedError
