@@ -28,6 +28,7 @@ from tgictl.log import configure_logging, export_to_children
 # Adding a command is adding one line here.
 COMMAND_MODULES: tuple[str, ...] = (
     "tgictl.commands.profile",
+    "tgictl.commands.shard",
 )
 
 

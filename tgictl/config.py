@@ -87,3 +87,65 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         if self.dtype not in CONVERT_DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(CONVERT_DTYPES)}, got {self.dtype!r}")
+
+
+SHARD_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# Unix socket paths are limited to 108 bytes (sun_path) including the NUL; the shard also binds a
+# temporary name a few bytes longer than the final one.
+MAX_UDS_PATH_BYTES = 90
+
+
+def default_uds_path(uid: int) -> Path:
+    """`/tmp/tgictl-{uid}/server`: TGI's `/tmp/text-generation-server`, inside a directory only the
+    user can write, so no other local user can plant or replace a shard socket."""
+    return Path("/tmp") / f"tgictl-{uid}" / "server"
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """One rank of `tgictl shard`. The rank listens on `unix://{uds_path}-{rank}`."""
+
+    model_id: str
+    uds_path: Path
+    revision: str | None = None
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory: int | None = None  # bytes; None: the runtime's default budget
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str | None = None  # torch.distributed rendezvous; required when world_size > 1
+    master_port: int | None = None
+    shutdown_grace_s: float = 30.0  # SIGTERM: how long the RPC in flight may still run
+
+    def __post_init__(self) -> None:
+        if not self.model_id.strip():
+            raise ConfigError("model_id must not be empty")
+        if self.dtype is not None and self.dtype not in SHARD_DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(SHARD_DTYPES)}, got {self.dtype!r}")
+        if self.block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"RANK must be in 0 .. WORLD_SIZE - 1, got RANK={self.rank}, WORLD_SIZE={self.world_size}"
+            )
+        if self.world_size > 1 and (self.master_addr is None or self.master_port is None):
+            raise ConfigError("MASTER_ADDR and MASTER_PORT must be set when WORLD_SIZE > 1")
+        if not self.uds_path.is_absolute():
+            raise ConfigError(f"uds_path must be an absolute path, got {str(self.uds_path)!r}")
+        if len(str(self.socket_path(self.world_size - 1)).encode()) > MAX_UDS_PATH_BYTES:
+            raise ConfigError(
+                f"uds_path {str(self.uds_path)!r} is too long for a Unix socket: at most "
+                f"{MAX_UDS_PATH_BYTES} bytes with the '-{{rank}}' suffix"
+            )
+        if self.shutdown_grace_s < 0:
+            raise ConfigError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+
+    def socket_path(self, rank: int) -> Path:
+        return Path(f"{self.uds_path}-{rank}")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every rank's URL, index = rank (what ServiceDiscovery answers)."""
+        return tuple(f"unix://{self.socket_path(rank)}" for rank in range(self.world_size))

@@ -1,0 +1,59 @@
+"""`tgictl shard`: serve one tensor-parallel rank over gRPC on `unix://{uds-path}-{RANK}`.
+
+Flags and RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (read through tgictl.env) → ShardConfig →
+runtime/shard/server.serve. The launcher starts one per rank; on its own it serves a single rank.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tgictl.commands.profile import parse_size
+from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, HubConfig, ShardConfig, default_uds_path
+from tgictl.env import read_env
+
+
+def shard(
+    model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help=f"One of {', '.join(SHARD_DTYPES)} (default: float32 on CPU, bfloat16 on CUDA).",
+        show_default=False,
+    ),
+    uds_path: Optional[Path] = typer.Option(
+        None, "--uds-path", show_default=False,
+        help="Socket base path; rank r listens on BASE-r (default: /tmp/tgictl-$UID/server). Its directory "
+        "must be writable by you alone.",
+    ),
+    block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
+    kv_cache_memory: Optional[str] = typer.Option(
+        None, "--kv-cache-memory", show_default=False,
+        help="KV cache bytes, e.g. 4GiB (CPU: the budget, default min(25% of available RAM, 4 GiB); "
+        "CUDA: a cap on what free memory allows).",
+    ),
+) -> None:
+    """Load the model and serve this rank until SIGTERM or SIGINT."""
+    from tgictl.runtime.shard.server import serve  # torch loads only for this command
+
+    env = read_env()
+    config = ShardConfig(
+        model_id=model_id,
+        revision=revision,
+        dtype=dtype,
+        uds_path=uds_path if uds_path is not None else default_uds_path(os.getuid()),
+        block_size=block_size,
+        kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
+        rank=env.rank if env.rank is not None else 0,
+        world_size=env.world_size if env.world_size is not None else 1,
+        master_addr=env.master_addr,
+        master_port=env.master_port,
+    )
+    serve(config, HubConfig.from_env(env))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("shard")(shard)

@@ -1,0 +1,170 @@
+"""The life of one `tgictl shard` process: load, listen, serve, stop (reference 7.1).
+
+Order matters to the launcher: the socket directory is checked first (a bad `--uds-path` fails in
+milliseconds), then the rank joins the tensor-parallel group and loads its slice of the model, and
+only then does the socket file appear at `{uds_path}-{rank}`. The server binds a temporary name next
+to it and renames it once it listens, so the file's existence means "loaded and accepting RPCs".
+A stale file from a crashed shard is replaced; a socket someone still listens on is not.
+
+SIGTERM / SIGINT: stop accepting RPCs, let the one in flight finish (up to `shutdown_grace_s`), remove
+the socket and return (exit 0). An unrecoverable error in an RPC (see servicer.py) takes the same
+path and then raises DeviceError, so the process exits non-zero and the launcher tears down the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import torch
+
+from tgictl.config import HubConfig, ShardConfig
+from tgictl.errors import ConfigError, DeviceError
+from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
+from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
+from tgictl.runtime.shard.runtime import ShardRuntime
+from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
+
+log = logging.getLogger("tgictl.shard")
+
+# Prompt logprobs of long batches make large messages; TGI lifts gRPC's 4 MiB limit the same way.
+_SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.max_send_message_length", 2**31 - 1),
+]
+# After the server stopped, how long a device job that outlived the grace period may still take.
+_DRAIN_TIMEOUT_S = 1.0
+
+
+def prepare_socket_dir(directory: Path) -> None:
+    """Create `directory` (mode 0700) if missing; refuse one that another user could write to.
+
+    Whoever can write the directory can replace a shard's socket with their own and receive every
+    prompt, so it must belong to this user and give no write permission to group or others.
+    """
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.lstat()  # a symlink is refused: its target is what would need checking
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"socket directory {directory} is not a directory")
+    if st.st_uid != os.getuid():
+        raise ConfigError(
+            f"socket directory {directory} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}); "
+            "choose a --uds-path inside a directory you own"
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"socket directory {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"run `chmod go-w {directory}` or choose another --uds-path"
+        )
+
+
+def check_socket_path(path: Path) -> None:
+    """Allow a free path or a stale socket (replaced later); refuse a live server or a non-socket file."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"{path} exists and is not a socket; remove it or choose another --uds-path")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:  # refused (nobody listens) or gone meanwhile: stale
+            log.info("replacing the stale socket %s", path)
+            return
+    raise ConfigError(f"another server is already listening on {path}; stop it or choose another --uds-path")
+
+
+def select_device(rank: int) -> torch.device:
+    """CUDA device rank % device_count when CUDA is present (one GPU per rank), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _resolve_model(config: ShardConfig, hub: HubConfig | None) -> Path:
+    from tgictl.runtime.hub import resolve_model  # the hub client is only needed on this path
+
+    return resolve_model(config.model_id, config.revision, hub=hub)
+
+
+def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
+    """Serve one rank until SIGTERM/SIGINT. Raises DeviceError after an unrecoverable RPC error."""
+    socket_path = config.socket_path(config.rank)
+    prepare_socket_dir(socket_path.parent)
+    check_socket_path(socket_path)
+    model_dir = _resolve_model(config, hub)
+    device = select_device(config.rank)
+    dtype = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dist = init_distributed(
+        config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device
+    )
+    runtime = ShardRuntime.load(
+        model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory
+    )
+    log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)
+    failure = asyncio.run(_serve_grpc(config, runtime, socket_path))
+    if failure is not None:
+        # No destroy_distributed here: with a peer gone it could block; the process is about to exit.
+        raise DeviceError(f"shard rank {config.rank} stopped after an unrecoverable error: {failure}")
+    destroy_distributed(dist)
+    log.info("rank %d stopped", config.rank)
+
+
+async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: Path) -> str | None:
+    """Listen until stopped; returns the fatal error's message, or None after a signal."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    failures: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        failures.append(message)
+        stop.set()
+
+    worker = DeviceWorker()
+    servicer = ShardServicer(runtime, config.urls, worker=worker, on_fatal=on_fatal)
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    add_TextGenerationServiceServicer_to_server(servicer, server)
+    temporary = socket_path.with_name(f"{socket_path.name}.{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)
+    try:
+        server.add_insecure_port(f"unix:{temporary}")
+    except RuntimeError as err:
+        raise ConfigError(f"cannot listen on {temporary}: {err}") from err
+    await server.start()
+    os.replace(temporary, socket_path)  # atomic: the final name appears listening, replacing a stale one
+    inode = socket_path.lstat().st_ino
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info("rank %d serving on unix://%s", config.rank, socket_path)
+    try:
+        await stop.wait()
+    finally:
+        log.info("rank %d stopping: no new RPCs, up to %.0f s for the one in flight", config.rank, config.shutdown_grace_s)
+        await server.stop(config.shutdown_grace_s)
+        _remove_socket(socket_path, inode)
+        drained = await loop.run_in_executor(None, worker.drain, _DRAIN_TIMEOUT_S)
+        worker.shutdown()
+        if not drained:
+            # A device job outlived the grace period (a hung collective, say). Python would wait for
+            # its thread forever at exit, so leave now; the socket is already gone.
+            log.error("rank %d: a device job is still running after the grace period; exiting", config.rank)
+            logging.shutdown()
+            os._exit(DeviceError.exit_code)
+    return failures[0] if failures else None
+
+
+def _remove_socket(path: Path, inode: int) -> None:
+    """Remove our socket file, unless someone already replaced it with theirs."""
+    try:
+        if path.lstat().st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass

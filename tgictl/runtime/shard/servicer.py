@@ -1,0 +1,223 @@
+"""The gRPC TextGenerationService of one rank (generate.proto; reference 1.1 and 7.2).
+
+Threading: every RPC that touches the device or the batch store runs on ONE worker thread, in the
+order the RPCs arrive. One forward at a time is what the KV cache and the batch store need (no
+locks), and with tensor parallelism every rank then runs its collectives in the order the router
+sent the RPCs. The event loop never blocks on torch, so Info, ServiceDiscovery, signals and gRPC I/O
+stay responsive during a long prefill. Each job does its whole read-compute-store update on the
+worker: a client that gives up mid-step (deadline, cancel) cannot leave a half-updated store behind.
+
+Errors are mapped in exactly one place, `_rpc`: a TgictlError answers with its own gRPC status
+(INVALID_ARGUMENT, NOT_FOUND...) and the shard keeps serving; INTERNAL (a DeviceError, or any other
+exception: CUDA out of memory, a failed collective, a RuntimeError from torch, a bug) means the
+shard's state can no longer be trusted, so `on_fatal` is called and the process exits non-zero
+(reference 1.1: the launcher then tears every process down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import torch
+
+from tgictl.errors import InvalidRequestError, TgictlError, UnhealthyError
+from tgictl.proto import convert
+from tgictl.proto import generate_pb2 as pb
+from tgictl.proto.generate_pb2_grpc import TextGenerationServiceServicer
+from tgictl.proto.messages import CachedBatch, StepResult, WarmupResult
+from tgictl.runtime.shard.batch import ShardBatch
+from tgictl.runtime.shard.batch_store import BatchStore
+from tgictl.runtime.shard.runtime import ShardRuntime, StepOutput
+
+log = logging.getLogger("tgictl.shard")
+
+T = TypeVar("T")
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+class DeviceWorker:
+    """A single thread that runs device jobs in submission order."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tgictl-device")
+        self._pending: set[Future[Any]] = set()
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        future = self._pool.submit(fn, *args)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return await asyncio.wrap_future(future)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait for the jobs already submitted; False when one is still running after `timeout_s`."""
+        _, not_done = wait(list(self._pending), timeout=timeout_s)
+        return not not_done
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _rpc(handler: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """The one error mapping of the shard: TgictlError.grpc_status, else INTERNAL and a fatal stop."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: ShardServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        name = handler.__name__
+        if self.failed is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"shard is stopping after an error: {self.failed}")
+        try:
+            return await handler(self, request)
+        except TgictlError as err:
+            code = grpc.StatusCode[err.grpc_status]
+            message = err.message
+            if code is grpc.StatusCode.INTERNAL:
+                log.error("%s failed, stopping the shard: %s", name, message, exc_info=True)
+                self.fail(message)
+            else:
+                log.warning("%s refused: %s", name, message)
+        except Exception as err:  # noqa: BLE001 - anything else leaves the device state unknown
+            code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+            log.error("%s failed, stopping the shard: %s", name, message, exc_info=True)
+            self.fail(message)
+        await context.abort(code, message)
+
+    return wrapper
+
+
+class ShardServicer(TextGenerationServiceServicer):
+    """Serves one rank. `on_fatal(message)` is called once, on the first unrecoverable error."""
+
+    def __init__(
+        self,
+        runtime: ShardRuntime,
+        urls: Sequence[str],
+        *,
+        worker: DeviceWorker,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        self.runtime = runtime
+        self.store = BatchStore()
+        self.worker = worker
+        self.failed: str | None = None
+        self._on_fatal = on_fatal
+        self._info = convert.info_to_pb(runtime.info())  # static for the life of the process
+        self._urls = convert.service_discovery_response_to_pb(list(urls))
+
+    def fail(self, message: str) -> None:
+        if self.failed is None:
+            self.failed = message
+            self._on_fatal(message)
+
+    # --- RPCs ------------------------------------------------------------------------------------
+
+    @_rpc
+    async def Info(self, request: pb.InfoRequest) -> pb.InfoResponse:
+        return self._info
+
+    @_rpc
+    async def ServiceDiscovery(self, request: pb.ServiceDiscoveryRequest) -> pb.ServiceDiscoveryResponse:
+        return self._urls
+
+    @_rpc
+    async def Health(self, request: pb.HealthRequest) -> pb.HealthResponse:
+        await self.worker.run(self._health)
+        return pb.HealthResponse()
+
+    @_rpc
+    async def ClearCache(self, request: pb.ClearCacheRequest) -> pb.ClearCacheResponse:
+        await self.worker.run(self._clear_cache, convert.clear_cache_request_from_pb(request).batch_id)
+        return pb.ClearCacheResponse()
+
+    @_rpc
+    async def FilterBatch(self, request: pb.FilterBatchRequest) -> pb.FilterBatchResponse:
+        message = convert.filter_batch_request_from_pb(request)
+        cached = await self.worker.run(self._filter, message.batch_id, message.request_ids)
+        return convert.filter_batch_response_to_pb(cached)
+
+    @_rpc
+    async def Warmup(self, request: pb.WarmupRequest) -> pb.WarmupResponse:
+        result = await self.worker.run(self._warmup, request)
+        return convert.warmup_response_to_pb(result)
+
+    @_rpc
+    async def Prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
+        start = time.perf_counter_ns()
+        result = await self.worker.run(self._prefill, request)
+        response = convert.prefill_response_to_pb(result)
+        response.total_ns = time.perf_counter_ns() - start  # the whole RPC, conversions included
+        return response
+
+    @_rpc
+    async def Decode(self, request: pb.DecodeRequest) -> pb.DecodeResponse:
+        start = time.perf_counter_ns()
+        result = await self.worker.run(self._decode, request)
+        response = convert.decode_response_to_pb(result)
+        response.total_ns = time.perf_counter_ns() - start
+        return response
+
+    # --- jobs on the device worker ---------------------------------------------------------------
+
+    def _health(self) -> None:
+        if self.runtime.dist.is_sharded:
+            # The probe forward runs collectives, and the router's Health calls are not ordered with
+            # its Prefill/Decode calls across ranks: a probe interleaved differently on two ranks would
+            # pair the wrong collectives. A rank-local computation on the device proves liveness.
+            x = torch.ones((2, 2), dtype=torch.float32, device=self.runtime.device)
+            if float((x @ x).sum().item()) != 8.0:
+                raise UnhealthyError(f"device {self.runtime.device} computed a wrong 2x2 product")
+            return
+        self.runtime.health()  # a real one-token forward on block 0 (reserved for probes)
+
+    def _clear_cache(self, batch_id: int | None) -> None:
+        if batch_id is None:
+            self.store.clear()
+        else:
+            self.store.remove(batch_id)
+        if self.runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _filter(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
+        kept = self.store.get(batch_id).filter(request_ids)  # validates before it changes anything
+        self.store.replace([batch_id], kept)
+        return kept.to_cached()
+
+    def _warmup(self, request: pb.WarmupRequest) -> WarmupResult:
+        message = convert.warmup_request_from_pb(request)
+        # Warmup re-allocates the KV cache, so no cached batch survives it (the router clears first).
+        self.store.clear()
+        return self.runtime.warmup(message)
+
+    def _prefill(self, request: pb.PrefillRequest) -> StepResult:
+        message = convert.prefill_request_from_pb(request)
+        batch_id = message.batch.id
+        consumed: list[int] = []
+        cached: ShardBatch | None = None
+        if message.cached_batch is not None:
+            cached = self.store.get(message.cached_batch.id)
+            consumed.append(cached.id)
+        if batch_id in self.store and batch_id not in consumed:
+            raise InvalidRequestError(f"batch {batch_id}: a cached batch already has this id")
+        # The runtime validates the new batch before it touches `cached`, so a refusal changes nothing.
+        output = self.runtime.prefill(message.batch, cached)
+        if output[1] is not None:
+            output[1].id = batch_id  # concatenated under the cached batch's id; the proto caches it here
+        return self._store_step(consumed, output)
+
+    def _decode(self, request: pb.DecodeRequest) -> StepResult:
+        ids = [b.id for b in convert.decode_request_from_pb(request).batches]
+        batches = self.store.get_many(ids)  # all or nothing: an unknown id consumes no batch
+        return self._store_step(ids, self.runtime.decode(batches))
+
+    def _store_step(self, consumed: Sequence[int], output: StepOutput) -> StepResult:
+        generations, next_batch, timings = output
+        self.store.replace(consumed, next_batch)
+        cached = next_batch.to_cached() if next_batch is not None else None
+        return StepResult(generations=tuple(generations), batch=cached, timings=timings)
