@@ -148,12 +148,19 @@ def test_repetition_penalty_lowers_only_repeated_tokens() -> None:
     assert out[1].tolist() == [2.0, -1.0, 3.0, -2.0, 1.0, 0.25]  # token 0 untouched
 
 
-def test_repetition_penalty_matches_transformers() -> None:
+def test_repetition_penalty_below_one_raises_repeated_tokens() -> None:
+    logits = torch.tensor([[2.0, -1.0, 3.0, -2.0]])
+    out = process([SamplingParams(repetition_penalty=0.5)], logits, [[0, 1]])
+    assert out[0].tolist() == [4.0, -0.5, 3.0, -2.0]
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_matches_transformers(penalty: float) -> None:
     torch.manual_seed(6)
     logits = torch.randn(1, 50)
     prompt = [3, 7, 7, 0, 49, 12]
-    out = process([SamplingParams(repetition_penalty=1.3)], logits, [prompt])
-    expected = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt]), logits.clone())
+    out = process([SamplingParams(repetition_penalty=penalty)], logits, [prompt])
+    expected = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([prompt]), logits.clone())
     assert torch.equal(out, expected)
 
 

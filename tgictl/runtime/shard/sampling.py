@@ -118,12 +118,13 @@ class NextTokenChooser:
             counts = history.counts
             if counts is None or history.size != len(self.params):
                 raise GenerationError("NextTokenChooser: penalties need a materialised TokenHistory of the batch")
+            present = counts > 0  # [B, V] bool, shared by the repetition and presence penalties
             if self.repetition is not None:
-                scores = lp.repetition_penalty(scores, counts, self.repetition)
+                scores = lp.repetition_penalty(scores, present, self.repetition)
             if self.frequency is not None:
                 scores = lp.frequency_penalty(scores, counts, self.frequency)
             if self.presence is not None:
-                scores = lp.presence_penalty(scores, counts, self.presence)
+                scores = lp.presence_penalty(scores, present, self.presence)
         if self.temperature is not None:
             scores = lp.temperature(scores, self.temperature)
         if self.top_k is not None:
