@@ -93,7 +93,9 @@ class AttentionMetadata:
         )
 
 
-def _check(cache_lens: list[int], new_lens: list[int], block_tables: list[list[int]], block_size: int) -> None:
+def _check(
+    cache_lens: list[int], new_lens: list[int], block_tables: list[list[int]], block_size: int
+) -> None:
     if block_size < 1:
         raise InvalidRequestError(f"block_size must be >= 1, got {block_size}")
     if not (len(cache_lens) == len(new_lens) == len(block_tables)):
@@ -152,7 +154,8 @@ def build_attention_metadata(
         padding = positions >= dec_ctx[:, None]  # [n, T]
         # padding gathers position 0 of the same sequence (see DecodePlan)
         slots = _slot_matrix(tables_cpu[decode_seqs], positions.masked_fill(padding, 0), block_size)
-        bias = torch.zeros(len(decode_seqs), max_ctx, dtype=torch.float32).masked_fill_(padding, float("-inf"))
+        bias = torch.zeros(len(decode_seqs), max_ctx, dtype=torch.float32)
+        bias.masked_fill_(padding, float("-inf"))  # [n, T]
         rows = [cu[i] for i in decode_seqs]
         in_order = rows == list(range(len(rows)))
         decode = DecodePlan(
@@ -212,7 +215,9 @@ def build_attention_metadata(
     )
 
 
-def check_attention_inputs(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata) -> None:
+def check_attention_inputs(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata
+) -> None:
     """Cheap shape checks shared by every attention implementation (no device sync)."""
     if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise InvalidRequestError(
@@ -221,9 +226,13 @@ def check_attention_inputs(query: Tensor, key_cache: Tensor, value_cache: Tensor
             f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
         )
     if query.shape[0] != meta.num_tokens:
-        raise InvalidRequestError(f"query has {query.shape[0]} rows but the metadata describes {meta.num_tokens}")
+        raise InvalidRequestError(
+            f"query has {query.shape[0]} rows but the metadata describes {meta.num_tokens}"
+        )
     if key_cache.shape[1] != meta.block_size:
-        raise InvalidRequestError(f"cache block_size {key_cache.shape[1]} != metadata block_size {meta.block_size}")
+        raise InvalidRequestError(
+            f"cache block_size {key_cache.shape[1]} != metadata block_size {meta.block_size}"
+        )
     if meta.max_block_id >= key_cache.shape[0]:
         raise InvalidRequestError(
             f"block id {meta.max_block_id} is out of range for a cache of {key_cache.shape[0]} blocks"

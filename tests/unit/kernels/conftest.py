@@ -27,7 +27,8 @@ class CaseSpec:
     seed: int = 0
 
     def label(self) -> str:
-        return f"bs{self.block_size}-h{self.heads}kv{self.kv_heads}-{'_'.join(f'{c}+{n}' for c, n in self.seqs)}"
+        seqs = "_".join(f"{c}+{n}" for c, n in self.seqs)
+        return f"bs{self.block_size}-h{self.heads}kv{self.kv_heads}-{seqs}"
 
 
 @dataclass(frozen=True, eq=False)

@@ -42,7 +42,9 @@ def test_fast_matches_reference_on_random_batches(seed, make_random_spec, make_c
     for dtype, tol in ((torch.float32, {"atol": 1e-5, "rtol": 1e-5}), (torch.bfloat16, BF16_TOL)):
         case = make_case(spec, dtype)
         fast, ref = _both(case, softcap=None if seed % 3 else 1.5)
-        torch.testing.assert_close(fast.float(), ref.float(), **tol, msg=lambda m: f"{spec.label()} {dtype}: {m}")
+        torch.testing.assert_close(
+            fast.float(), ref.float(), **tol, msg=lambda m: f"{spec.label()} {dtype}: {m}"
+        )
 
 
 def test_backend_registry() -> None:

@@ -8,7 +8,11 @@ from tgictl.kernels import build_attention_metadata, check_attention_inputs
 def test_metadata_describes_a_mixed_batch() -> None:
     # seq 0: prefill after a prefix; seq 1: decode; seq 2: fresh prompt; seq 3: decode
     meta = build_attention_metadata(
-        cache_lens=[3, 5, 0, 1], new_lens=[2, 1, 3, 1], block_tables=[[4, 2], [7, 1], [3], [6]], block_size=4, device="cpu"
+        cache_lens=[3, 5, 0, 1],
+        new_lens=[2, 1, 3, 1],
+        block_tables=[[4, 2], [7, 1], [3], [6]],
+        block_size=4,
+        device="cpu",
     )
     assert meta.batch_size == 4
     assert meta.num_tokens == 7

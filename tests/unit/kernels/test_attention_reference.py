@@ -12,9 +12,10 @@ def test_reference_matches_naive_dense_attention(base_spec, make_case, naive) ->
 
 def test_reference_applies_softcap(base_spec, make_case, naive) -> None:
     case = make_case(base_spec)
-    soft = attention_reference(case.query, case.key_cache, case.value_cache, case.meta, case.scale, softcap=0.5)
+    args = (case.query, case.key_cache, case.value_cache, case.meta, case.scale)
+    soft = attention_reference(*args, softcap=0.5)
     torch.testing.assert_close(soft, naive(case, softcap=0.5), atol=1e-5, rtol=0)
-    plain = attention_reference(case.query, case.key_cache, case.value_cache, case.meta, case.scale)
+    plain = attention_reference(*args)
     assert not torch.allclose(soft, plain, atol=1e-3)
 
 
