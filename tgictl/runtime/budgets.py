@@ -71,6 +71,9 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     if heads == 0:
         raise ConfigError("config.json num_attention_heads must be positive")
     head_dim = _int(text, "head_dim", default=hidden // heads)
+    kv_heads = _int(text, "num_key_value_heads", default=heads)
+    if kv_heads == 0:
+        raise ConfigError("config.json num_key_value_heads must be positive")
     num_experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=1)
     moe = num_experts > 1
     inter_keys = ("moe_intermediate_size", "intermediate_size") if moe else ("intermediate_size",)
@@ -80,7 +83,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         hidden_size=hidden,
         num_layers=_int(text, "num_hidden_layers", "n_layer"),
         num_heads=heads,
-        num_kv_heads=_int(text, "num_key_value_heads", default=heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=_int(text, *inter_keys, default=4 * hidden),
         vocab_size=_int(text, "vocab_size"),
@@ -222,7 +225,6 @@ def activation_bytes_per_token(shape: ModelShape, num_shard: int, dtype_bytes: i
     exist only for the last token of each request, so they are left out."""
     inter = _ceil_div(shape.intermediate_size, num_shard) * (shape.experts_per_token + shape.shared_experts)
     return (2 * shape.hidden_size + 3 * inter) * dtype_bytes
-
 
 
 # Helpers below return (value, source) pairs; compute_budgets wraps them into Figures.

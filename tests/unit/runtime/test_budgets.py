@@ -92,9 +92,13 @@ def test_vlm_config_reads_text_config_and_moe_counts_experts() -> None:
     assert parameters_per_shard(moe, 1) == 139584 + 2 * (98304 - 24576 + 256)
 
 
-def test_missing_field_names_it() -> None:
-    with pytest.raises(ConfigError, match="num_hidden_layers"):
+def test_missing_or_bad_fields_are_named() -> None:
+    with pytest.raises(ConfigError, match="config.json lacks num_hidden_layers / n_layer"):
         model_shape({k: v for k, v in TINY.items() if k != "num_hidden_layers"})
+    with pytest.raises(ConfigError, match="hidden_size must be a non-negative integer, got '64'"):
+        model_shape(TINY | {"hidden_size": "64"})
+    with pytest.raises(ConfigError, match="num_key_value_heads must be positive"):
+        model_shape(TINY | {"num_key_value_heads": 0})
 
 
 # --- CPU hosts ---------------------------------------------------------------------------------------
