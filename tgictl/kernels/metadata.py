@@ -233,6 +233,10 @@ def check_attention_inputs(
         raise InvalidRequestError(
             f"cache block_size {key_cache.shape[1]} != metadata block_size {meta.block_size}"
         )
+    if meta.block_tables.device != query.device:
+        raise InvalidRequestError(
+            f"attention metadata lives on {meta.block_tables.device} but the query on {query.device}"
+        )
     if meta.max_block_id >= key_cache.shape[0]:
         raise InvalidRequestError(
             f"block id {meta.max_block_id} is out of range for a cache of {key_cache.shape[0]} blocks"

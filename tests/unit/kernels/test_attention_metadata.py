@@ -107,3 +107,12 @@ def test_positions_and_new_token_slots_follow_the_block_tables(base_spec, make_c
             slots.append(table[p // bs] * bs + p % bs)
     assert case.meta.position_ids.tolist() == positions
     assert case.meta.new_token_slots.tolist() == slots
+
+
+def test_metadata_on_another_device_than_the_query_is_rejected() -> None:
+    # "meta" tensors stand in for an accelerator: they have a device but no storage
+    meta = build_attention_metadata([0], [3], [[1]], 4, "meta")
+    assert meta.block_tables.device.type == "meta" and meta.decode is None
+    cache = torch.zeros(2, 4, 2, 8)
+    with pytest.raises(InvalidRequestError, match="metadata lives on meta but the query on cpu"):
+        check_attention_inputs(torch.zeros(3, 4, 8), cache, cache, meta)
