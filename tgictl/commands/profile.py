@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
@@ -111,12 +113,10 @@ def _format(name: str, value: Any) -> str:
     return str(value)
 
 
-def render_report(report: dict[str, Any]) -> None:
-    """Rich tables on stdout: devices, model, then every budget figure with its source."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
+def render_report(report: dict[str, Any], console: Console | None = None) -> None:
+    """Rich tables (on stdout unless a console is given): devices, model, then every budget figure with
+    its source."""
+    console = console if console is not None else Console()
     devices = report["devices"]
     if devices["gpus"]:
         table = Table(title="GPUs (NVML)")

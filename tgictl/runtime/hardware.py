@@ -13,7 +13,9 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from itertools import takewhile
+from typing import Any
 
 from tgictl.errors import ConfigError
 
@@ -119,10 +121,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def discover_gpus(nvml: Any | None = None) -> GpuDiscovery:
+def discover_gpus(nvml: Any | None = None, visible: Sequence[int] | None = None) -> GpuDiscovery:
     """List NVIDIA GPUs through NVML. `nvml` is the pynvml module (imported when None); any object with
     the same functions works, which is how tests describe hosts they do not have. Never raises: a host
-    without the library or the driver simply has no GPUs, and `note` says why."""
+    without the library or the driver simply has no GPUs, and `note` says why.
+
+    NVML sees every GPU regardless of CUDA_VISIBLE_DEVICES; `visible` (NVML indices, in CUDA's order)
+    narrows the list the way CUDA does: CUDA device i is NVML device visible[i], and the list ends at
+    the first index that does not exist."""
     if nvml is None:
         try:
             import pynvml as nvml  # nvidia-ml-py
@@ -133,8 +139,10 @@ def discover_gpus(nvml: Any | None = None) -> GpuDiscovery:
     except Exception as err:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ... all mean "no GPU here"
         return GpuDiscovery(devices=(), note=f"NVML unavailable: {err}")
     try:
+        count = nvml.nvmlDeviceGetCount()
+        indices = list(range(count)) if visible is None else list(takewhile(lambda i: 0 <= i < count, visible))
         devices = []
-        for index in range(nvml.nvmlDeviceGetCount()):
+        for index in indices:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             devices.append(
@@ -225,9 +233,9 @@ class Hardware:
     cpu_matmul: tuple[MatmulMeasurement, ...]
 
 
-def discover_hardware(measure_seconds: float = 0.15) -> Hardware:
+def discover_hardware(measure_seconds: float = 0.15, visible_gpus: Sequence[int] | None = None) -> Hardware:
     """GPUs through NVML; without any, the CPU host and its measured float32 and bfloat16 matmul rates."""
-    gpus = discover_gpus()
+    gpus = discover_gpus(visible=visible_gpus)
     cpu = discover_cpu()
     matmul: tuple[MatmulMeasurement, ...] = ()
     if not gpus.devices:

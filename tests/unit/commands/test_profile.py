@@ -3,6 +3,7 @@ model directory that holds only a config.json (figures that do not depend on thi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from tgictl.commands.profile import parse_size, profile_report, read_model_files, render_report
 from tgictl.errors import ModelNotFoundError, UsageError
-from tgictl.commands.profile import parse_size, profile_report, read_model_files
 from tgictl.runtime.budgets import BudgetSettings, compute_budgets, model_shape
-from tgictl.runtime.hardware import CpuHost, GpuDevice, Hardware, MatmulMeasurement, discover_gpus
+from tgictl.runtime.hardware import CpuHost, GpuDevice, Hardware, discover_gpus
 
 REPO = Path(__file__).resolve().parents[3]
 GIB = 1 << 30
@@ -105,6 +107,33 @@ def test_report_for_two_described_gpus(model_dir: Path) -> None:
         "cuda_graphs": [1, 2, 4, 8, 16, 32],
     }
     assert report["problems"] == []
+
+
+def test_table_for_two_described_gpus(model_dir: Path) -> None:
+    config, tokenizer_max_length = read_model_files(model_dir)
+    shape = model_shape(config)
+    hardware = Hardware(
+        gpus=(
+            GpuDevice(0, "NVIDIA L4", 24 * GIB, 20 * GIB),
+            GpuDevice(1, "NVIDIA GeForce GTX 1080", 8 * GIB, 8 * GIB),
+        ),
+        gpu_note="",
+        cpu=CpuHost(cores=8, total_memory_bytes=64 * GIB, available_memory_bytes=60 * GIB),
+        cpu_matmul=(),
+    )
+    budgets = compute_budgets(shape, hardware, BudgetSettings(num_shard=1), tokenizer_max_length)
+    out = io.StringIO()
+    render_report(profile_report("tiny", model_dir, shape, hardware, budgets), Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    assert "No GPU" not in out.getvalue()
+    row = next(line for line in lines if "NVIDIA L4" in line)
+    assert "25,769,803,776 (24.0 GiB)" in row and "21,474,836,480 (20.0 GiB)" in row and "121 TFLOP/s" in row
+    row = next(line for line in lines if "GTX 1080" in line)
+    assert "unknown" in row and "not in the FLOPs table" in row
+    row = next(line for line in lines if "kv_bytes_per_block_per_shard" in line)
+    assert "4,096 (4.0 KiB)" in row  # float16 on CUDA: 16 · 2 · 2 · 2 · 16 · 2
+    row = next(line for line in lines if "cuda_graphs" in line)
+    assert "1, 2, 4, 8, 16, 32" in row
 
 
 def test_cli_json_output(model_dir: Path) -> None:

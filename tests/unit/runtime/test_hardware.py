@@ -130,6 +130,14 @@ def test_discover_gpus_reads_every_device() -> None:
     assert nvml.shutdowns == 1
 
 
+def test_discover_gpus_follows_cuda_visibility() -> None:
+    nvml = FakeNvml([("NVIDIA L4", GIB, GIB), ("NVIDIA A10G", 2 * GIB, GIB), ("NVIDIA L40S", 3 * GIB, GIB)])
+    # CUDA_VISIBLE_DEVICES=2,0 → CUDA device 0 is NVML device 2; "2,5,0" stops at the missing 5
+    assert [d.index for d in discover_gpus(nvml, visible=[2, 0]).devices] == [2, 0]
+    assert [d.name for d in discover_gpus(nvml, visible=[2, 5, 0]).devices] == ["NVIDIA L40S"]
+    assert discover_gpus(nvml, visible=[]) == GpuDiscovery(devices=(), note="NVML found no GPU")
+
+
 def test_discover_gpus_without_driver_is_empty_with_reason() -> None:
     found = discover_gpus(FakeNvml([], fail_init=True))
     assert found == GpuDiscovery(devices=(), note="NVML unavailable: Driver Not Loaded")
