@@ -1,0 +1,248 @@
+"""The shard's batch between steps: per-request progress plus the batch's sampling state.
+
+A `ShardBatch` is built once from the router's `messages.Batch` and then lives across steps under its
+id. Each row carries what the next forward needs: the tokens seen so far, where its K/V goes (the
+router's blocks and slots, DESIGN decision 3), how many tokens are already in the cache and how many
+the next forward computes. A row is *prefilling* while part of its prompt has no K/V yet; it then
+computes `chunk_len` prompt tokens per step (chunked prefill) and emits nothing until the prompt is
+done. Afterwards it decodes one token per step.
+
+`filter` and `concatenate` consume their inputs (rows are moved, not copied), as TGI's do: the
+servicer pops a batch from its cache before either call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tgictl.errors import InvalidRequestError
+from tgictl.proto.messages import Batch, CachedBatch, Request
+from tgictl.runtime.shard.sampling import NextTokenChooser, TokenHistory, needs_history
+
+
+@dataclass(eq=False, slots=True)
+class RowState:
+    """One request's progress. Mutated by the model runner after every step."""
+
+    request: Request
+    all_ids: list[int]  # prompt + generated tokens, in order
+    cache_len: int  # positions 0 .. cache_len - 1 have K/V in the cache
+    chunk_len: int  # tokens the next forward computes (1 once decoding)
+    generated: int = 0  # tokens emitted so far (also the request's sampling step)
+    # Prompt logprobs gathered over the chunks, when the request asked for them (NaN where none exists).
+    prompt_logprobs: list[float] | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.input_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cache_len < self.prompt_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """This step computes prompt logprobs for this row (all positions of its chunk need logits)."""
+        return self.prompt_logprobs is not None and self.prefilling
+
+
+@dataclass(frozen=True, eq=False)
+class StepInputs:
+    """Everything one forward needs, packed from the rows (T = tokens this step, n = logit rows)."""
+
+    input_ids: Tensor  # [T] int64
+    positions: Tensor  # [T] int64
+    slots: Tensor  # [T] int64 flat KV slots the new tokens write
+    logit_indices: Tensor  # [n] int64 rows of the hidden states that get logits
+    # [B] rows of the logits each request samples from; None when they are exactly 0 .. B-1.
+    sample_rows: Tensor | None
+    cache_lens: list[int]  # [B] for the attention metadata
+    new_lens: list[int]  # [B]
+    block_tables: list[tuple[int, ...]]  # [B]
+    # Prompt logprobs: (batch row, first logit row, count) per row that computes them this step.
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _check_request(request: Request, block_size: int, num_blocks: int, vocab_size: int) -> None:
+    """Reject what would corrupt the cache or index out of range; messages name field and limit."""
+    rid, prompt_len = request.id, len(request.input_ids)
+    if prompt_len == 0:
+        raise InvalidRequestError(f"request {rid}: input_ids must not be empty")
+    if request.stopping.max_new_tokens < 1:
+        raise InvalidRequestError(f"request {rid}: max_new_tokens must be >= 1")
+    if not 0 <= request.cache_len < prompt_len:
+        raise InvalidRequestError(
+            f"request {rid}: cache_len must be in 0 .. {prompt_len - 1} (at least one prompt token is "
+            f"computed), got {request.cache_len}"
+        )
+    if request.chunk_len is not None and not 1 <= request.chunk_len <= prompt_len - request.cache_len:
+        raise InvalidRequestError(
+            f"request {rid}: chunk_len must be in 1 .. {prompt_len - request.cache_len}, got {request.chunk_len}"
+        )
+    if min(request.input_ids) < 0 or max(request.input_ids) >= vocab_size:
+        raise InvalidRequestError(f"request {rid}: token ids must be in 0 .. {vocab_size - 1}")
+    # Every position that is ever written: the prompt and all generated tokens but the last.
+    needed = prompt_len + request.stopping.max_new_tokens - 1
+    if len(request.slots) < needed:
+        raise InvalidRequestError(
+            f"request {rid}: needs {needed} slots (prompt + max_new_tokens - 1), got {len(request.slots)}"
+        )
+    if len(request.blocks) * block_size < len(request.slots):
+        raise InvalidRequestError(
+            f"request {rid}: {len(request.blocks)} blocks of {block_size} cannot hold {len(request.slots)} slots"
+        )
+    if min(request.blocks) < 0 or max(request.blocks) >= num_blocks:
+        raise InvalidRequestError(f"request {rid}: block ids must be in 0 .. {num_blocks - 1}")
+    # Writes go by slot but attention reads by block table: the two must describe the same places.
+    blocks = request.blocks
+    if any(s != blocks[p // block_size] * block_size + p % block_size for p, s in enumerate(request.slots)):
+        raise InvalidRequestError(f"request {rid}: slots must be block * block_size + offset of its blocks")
+
+
+@dataclass(eq=False)
+class ShardBatch:
+    id: int
+    block_size: int
+    rows: list[RowState]
+    chooser: NextTokenChooser  # per-row sampling parameters and seeds, [B] rows
+    history: TokenHistory  # per-row token counts for the penalties, [B] rows
+
+    @classmethod
+    def from_batch(
+        cls, batch: Batch, *, block_size: int, num_blocks: int, vocab_size: int, device: torch.device
+    ) -> ShardBatch:
+        """Validate the router's batch against this shard's cache and build the first step's rows."""
+        if not batch.requests:
+            raise InvalidRequestError(f"batch {batch.id}: requests must not be empty")
+        if len({r.id for r in batch.requests}) != len(batch.requests):
+            raise InvalidRequestError(f"batch {batch.id}: request ids must be unique")
+        rows = []
+        for request in batch.requests:
+            _check_request(request, block_size, num_blocks, vocab_size)
+            rest = len(request.input_ids) - request.cache_len
+            rows.append(
+                RowState(
+                    request=request,
+                    all_ids=list(request.input_ids),
+                    cache_len=request.cache_len,
+                    chunk_len=rest if request.chunk_len is None else request.chunk_len,
+                    # Cached prompt tokens were not recomputed and the first token has no predecessor.
+                    prompt_logprobs=[float("nan")] * (request.cache_len + 1) if request.prefill_logprobs else None,
+                )
+            )
+        params = [r.sampling for r in batch.requests]
+        return cls(
+            id=batch.id,
+            block_size=block_size,
+            rows=rows,
+            chooser=NextTokenChooser.from_params(params, vocab_size, device),
+            history=TokenHistory.from_sequences(
+                [r.input_ids for r in batch.requests], vocab_size, device, needed=needs_history(params)
+            ),
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def request_ids(self) -> tuple[int, ...]:
+        return tuple(row.request.id for row in self.rows)
+
+    @property
+    def prefilling(self) -> bool:
+        return any(row.prefilling for row in self.rows)
+
+    def to_cached(self) -> CachedBatch:
+        return CachedBatch(
+            id=self.id,
+            request_ids=self.request_ids,
+            max_tokens=sum(len(row.request.blocks) for row in self.rows) * self.block_size,
+            # The next forward's tokens: chunk lengths of prefilling rows, 1 per decoding row (TGI).
+            current_tokens=sum(row.chunk_len for row in self.rows),
+        )
+
+    def filter(self, request_ids: Sequence[int]) -> ShardBatch:
+        """Keep only `request_ids`, in batch order. Consumes `self`."""
+        if not request_ids:
+            raise InvalidRequestError(f"batch {self.id}: filter needs at least one request id to keep")
+        wanted = set(request_ids)
+        keep = [i for i, row in enumerate(self.rows) if row.request.id in wanted]
+        if len(keep) != len(wanted):
+            missing = sorted(wanted - set(self.request_ids))
+            raise InvalidRequestError(f"batch {self.id}: request ids {missing} are not in the batch")
+        if len(keep) == len(self.rows):
+            return self
+        return ShardBatch(
+            id=self.id,
+            block_size=self.block_size,
+            rows=[self.rows[i] for i in keep],
+            chooser=self.chooser.filter(keep),
+            history=self.history.filter(keep),
+        )
+
+    @classmethod
+    def concatenate(cls, batches: Sequence[ShardBatch]) -> ShardBatch:
+        """One batch holding every row, in the given order, under the first batch's id. Consumes inputs."""
+        if not batches:
+            raise InvalidRequestError("concatenate needs at least one batch")
+        if len(batches) == 1:
+            return batches[0]
+        if len({b.block_size for b in batches}) != 1:
+            raise InvalidRequestError("batches with different block sizes cannot be concatenated")
+        ids = [rid for b in batches for rid in b.request_ids]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequestError("concatenated batches must not share request ids")
+        return cls(
+            id=batches[0].id,
+            block_size=batches[0].block_size,
+            rows=[row for b in batches for row in b.rows],
+            chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
+            history=TokenHistory.concatenate([b.history for b in batches]),
+        )
+
+    def step_inputs(self, device: torch.device) -> StepInputs:
+        """Pack the next forward's inputs.
+
+        Rows contribute their next tokens in batch order: a prefilling row its chunk
+        all_ids[cache_len : cache_len + chunk_len], a decoding row its last token (the same slice, as
+        cache_len == len(all_ids) - 1 then). Host work is slicing, O(B) list operations for decode
+        rows; the four index vectors cross to the device as ONE tensor.
+        """
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logit_rows: list[int] = []
+        sample_rows: list[int] = []
+        spans: list[tuple[int, int, int]] = []
+        offset = 0
+        for b, row in enumerate(self.rows):
+            start, n = row.cache_len, row.chunk_len
+            ids.extend(row.all_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(row.request.slots[start : start + n])
+            if row.wants_prompt_logprobs:
+                spans.append((b, len(logit_rows), n))
+                logit_rows.extend(range(offset, offset + n))
+            else:
+                logit_rows.append(offset + n - 1)
+            sample_rows.append(len(logit_rows) - 1)
+            offset += n
+        packed = torch.tensor(ids + positions + slots + logit_rows, dtype=torch.int64).to(device)
+        t = len(ids)
+        return StepInputs(
+            input_ids=packed[:t],
+            positions=packed[t : 2 * t],
+            slots=packed[2 * t : 3 * t],
+            logit_indices=packed[3 * t :],
+            sample_rows=None if not spans else torch.tensor(sample_rows, dtype=torch.int64).to(device),
+            cache_lens=[row.cache_len for row in self.rows],
+            new_lens=[row.chunk_len for row in self.rows],
+            block_tables=[row.request.blocks for row in self.rows],
+            prompt_spans=spans,
+        )
+
