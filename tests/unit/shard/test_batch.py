@@ -1,0 +1,103 @@
+"""ShardBatch: validation of the router's placement, the CachedBatch figures, per-step input packing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from shard_helpers import BlockPool, make_request
+
+from tgictl.errors import InvalidRequestError
+from tgictl.proto.messages import Batch, Request, SamplingParams
+from tgictl.runtime.shard.batch import ShardBatch
+
+VOCAB = 512
+CPU = torch.device("cpu")
+
+
+def build(requests: list[Request], num_blocks: int = 64, batch_id: int = 3) -> ShardBatch:
+    return ShardBatch.from_batch(
+        Batch(id=batch_id, requests=tuple(requests)), block_size=16, num_blocks=num_blocks, vocab_size=VOCAB, device=CPU
+    )
+
+
+def test_mixed_step_inputs_are_packed_in_batch_order() -> None:
+    pool = BlockPool()
+    decoding = make_request(pool, 10, list(range(1, 6)), max_new_tokens=4)  # blocks 1
+    prefilling = make_request(pool, 11, list(range(20, 40)), max_new_tokens=2, prefill_logprobs=True)  # 2, 3
+    chunked = make_request(pool, 12, list(range(50, 90)), max_new_tokens=3, chunk_len=7)  # 4, 5, 6
+    batch = build([decoding, prefilling, chunked])
+    # As if row 0 had finished its prompt and generated token 99, and row 2 had done one chunk.
+    row0 = batch.rows[0]
+    row0.cache_len, row0.chunk_len, row0.generated = 5, 1, 1
+    row0.all_ids.append(99)
+    batch.rows[2].cache_len, batch.rows[2].chunk_len = 7, 9
+
+    inputs = batch.step_inputs(CPU)
+    assert inputs.input_ids.tolist() == [99] + list(range(20, 40)) + list(range(57, 66))
+    assert inputs.positions.tolist() == [5] + list(range(20)) + list(range(7, 16))
+    # slot = block * 16 + offset: row 0 in block 1, row 1 in blocks 2-3, row 2 in blocks 4-6.
+    assert inputs.slots.tolist() == [21] + list(range(32, 52)) + list(range(71, 80))
+    # Row 1 wants prompt logprobs: logits at all its 20 positions; the others at their last token.
+    assert inputs.logit_indices.tolist() == [0] + list(range(1, 21)) + [29]
+    assert inputs.sample_rows is not None and inputs.sample_rows.tolist() == [0, 20, 21]
+    assert inputs.prompt_spans == [(1, 1, 20)]
+    assert inputs.cache_lens == [5, 0, 7] and inputs.new_lens == [1, 20, 9]
+    assert inputs.block_tables == [(1,), (2, 3), (4, 5, 6)]
+
+
+def test_decode_only_step_samples_every_logit_row() -> None:
+    pool = BlockPool()
+    batch = build([make_request(pool, rid, [rid + 1, rid + 2]) for rid in range(3)])
+    inputs = batch.step_inputs(CPU)
+    assert inputs.logit_indices.tolist() == [1, 3, 5]
+    assert inputs.sample_rows is None and inputs.prompt_spans == []
+
+
+def test_cached_batch_figures() -> None:
+    pool = BlockPool()
+    requests = [
+        make_request(pool, 1, list(range(1, 31)), max_new_tokens=10),  # 39 slots -> 3 blocks
+        make_request(pool, 2, list(range(1, 21)), max_new_tokens=4, chunk_len=8),  # 23 slots -> 2 blocks
+    ]
+    cached = build(requests).to_cached()
+    assert cached.id == 3 and cached.request_ids == (1, 2)
+    assert cached.max_tokens == 5 * 16
+    assert cached.current_tokens == 30 + 8
+
+
+def test_filter_keeps_batch_order_and_concatenate_keeps_the_first_id() -> None:
+    pool = BlockPool()
+    batch = build([make_request(pool, rid, [rid + 1] * 3) for rid in range(4)])
+    kept = batch.filter([3, 1])
+    assert kept.request_ids == (1, 3) and kept.id == 3
+    assert kept.filter([1, 3]) is kept  # unchanged membership: the same batch
+    other = build([make_request(pool, 7, [5, 6], sampling=SamplingParams(repetition_penalty=1.2))], batch_id=9)
+    merged = ShardBatch.concatenate([kept, other])
+    assert merged.request_ids == (1, 3, 7) and merged.id == 3
+    assert merged.history.size == 3 and merged.history.counts is not None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(input_ids=()), "input_ids must not be empty"),
+        (dict(cache_len=5), "cache_len must be in 0 .. 4"),
+        (dict(chunk_len=0), "chunk_len must be in 1 .. 5"),
+        (dict(input_ids=(1, 2, 3, 4, VOCAB)), "token ids must be in 0 .. 511"),
+        (dict(slots=tuple(range(16, 20))), "needs 8 slots"),
+        (dict(blocks=(64,), slots=tuple(range(64 * 16, 64 * 16 + 8))), "block ids must be in 0 .. 63"),
+        (dict(slots=tuple(range(17, 25))), "slots must be block \\* block_size \\+ offset"),
+    ],
+)
+def test_invalid_requests_are_refused(change: dict[str, object], message: str) -> None:
+    request = make_request(BlockPool(), 1, [1, 2, 3, 4, 5], max_new_tokens=4)  # block 1: slots 16..23
+    with pytest.raises(InvalidRequestError, match=message):
+        build([dataclasses.replace(request, **change)])
+
+
+def test_duplicate_request_ids_are_refused() -> None:
+    pool = BlockPool()
+    with pytest.raises(InvalidRequestError, match="unique"):
+        build([make_request(pool, 1, [1, 2]), make_request(pool, 1, [3, 4])])
