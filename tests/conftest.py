@@ -68,7 +68,7 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Path:
     """SmolLM2-135M-Instruct as a standard HF directory (float32 safetensors), converted once (~20 s)."""
-    from tgictl.runtime.convert import convert_gguf
+    from tgictl.runtime.convert_gguf import convert_gguf
 
     output = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct"
     return convert_gguf(smollm2_gguf, output, dtype="float32")

@@ -27,6 +27,8 @@ from tgictl.log import configure_logging, export_to_children
 # Every subcommand lives in its own module exposing `register(app: typer.Typer) -> None`.
 # Adding a command is adding one line here.
 COMMAND_MODULES: tuple[str, ...] = (
+    "tgictl.commands.download",
+    "tgictl.commands.convert",
     "tgictl.commands.profile",
     "tgictl.commands.shard",
 )
@@ -74,6 +76,7 @@ def build_app(state: _RunState | None = None) -> typer.Typer:
 
     @app.callback()
     def _global_options(
+        ctx: typer.Context,
         log_level: Optional[str] = typer.Option(
             None,
             "--log-level",
@@ -97,6 +100,7 @@ def build_app(state: _RunState | None = None) -> typer.Typer:
             json_output=json_output if json_output is not None else env.json_output,
         )
         state.log_config = config
+        ctx.obj = config  # commands read it to print their result as text or JSON
         configure_logging(config)
         # Every process started from here (shards, router) logs the same way without being told.
         export_to_children(config)

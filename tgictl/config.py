@@ -6,7 +6,7 @@ reads flags or environment variables itself. Messages name the field and the all
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tgictl.env import Env
@@ -79,13 +79,15 @@ class DownloadConfig:
 
 @dataclass(frozen=True)
 class ConvertConfig:
+    """`dtype` None keeps a PyTorch checkpoint's own dtypes; GGUF (quantized) then becomes float32."""
+
     path: Path
-    dtype: str = "float32"
+    dtype: str | None = None
     output: Path | None = None
     force: bool = False
 
     def __post_init__(self) -> None:
-        if self.dtype not in CONVERT_DTYPES:
+        if self.dtype is not None and self.dtype not in CONVERT_DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(CONVERT_DTYPES)}, got {self.dtype!r}")
 
 
@@ -149,3 +151,73 @@ class ShardConfig:
     def urls(self) -> tuple[str, ...]:
         """Every rank's URL, index = rank (what ServiceDiscovery answers)."""
         return tuple(f"unix://{self.socket_path(rank)}" for rank in range(self.world_size))
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """`tgictl router`: TGI's router options. None = derived at start-up from the shard's warmup
+    (reference 4.3), as TGI derives them."""
+
+    master_shard_uds_path: str
+    tokenizer_name: str
+    hostname: str = "127.0.0.1"
+    port: int = 8080
+    max_concurrent_requests: int = 128
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_batch_prefill_tokens: int | None = None
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int | None = None
+    waiting_served_ratio: float = 0.3  # the launcher's default (the TGI router binary's own is 1.2)
+    max_waiting_tokens: int = 20
+    max_client_batch_size: int = 4
+    api_key: str | None = field(default=None, repr=False)  # never printed
+    cors_allow_origin: tuple[str, ...] = ()  # empty: any origin
+    payload_limit: int = 2_000_000  # bytes of a request body
+    validation_workers: int = 2
+    graceful_termination_timeout_s: float = 90.0
+    max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
+
+    def __post_init__(self) -> None:
+        positive = {
+            "port": self.port,
+            "max_concurrent_requests": self.max_concurrent_requests,
+            "max_best_of": self.max_best_of,
+            "max_client_batch_size": self.max_client_batch_size,
+            "payload_limit": self.payload_limit,
+            "validation_workers": self.validation_workers,
+            "max_new_tokens_per_round": self.max_new_tokens_per_round,
+        }
+        optional_positive = {
+            "max_input_tokens": self.max_input_tokens,
+            "max_total_tokens": self.max_total_tokens,
+            "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
+            "max_batch_total_tokens": self.max_batch_total_tokens,
+            "max_batch_size": self.max_batch_size,
+        }
+        for name, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.port > 65535:
+            raise ConfigError(f"port must be <= 65535, got {self.port}")
+        for name, value in (("max_stop_sequences", self.max_stop_sequences), ("max_top_n_tokens", self.max_top_n_tokens),
+                            ("max_waiting_tokens", self.max_waiting_tokens)):
+            if value < 0:
+                raise ConfigError(f"{name} must be >= 0, got {value}")
+        if self.waiting_served_ratio < 0:
+            raise ConfigError(f"waiting_served_ratio must be >= 0, got {self.waiting_served_ratio}")
+        if self.graceful_termination_timeout_s < 0:
+            raise ConfigError(
+                f"graceful_termination_timeout_s must be >= 0, got {self.graceful_termination_timeout_s}"
+            )
+        if (self.max_input_tokens is not None and self.max_total_tokens is not None
+                and self.max_input_tokens >= self.max_total_tokens):
+            raise ConfigError(
+                f"`max_input_tokens` must be < `max_total_tokens`, got max_input_tokens={self.max_input_tokens} "
+                f"and max_total_tokens={self.max_total_tokens}"
+            )
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("api_key must not be empty")

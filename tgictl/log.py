@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
@@ -50,8 +51,11 @@ def _handler(config: LogConfig, stream: TextIO) -> logging.Handler:
     from rich.console import Console
     from rich.logging import RichHandler
 
+    # Rich wraps at 80 columns when not writing to a terminal; a wide console keeps one record on
+    # one line in files and pipes.
+    width = None if stream.isatty() else 200
     return RichHandler(
-        console=Console(file=stream, stderr=stream is sys.stderr),
+        console=Console(file=stream, stderr=stream is sys.stderr, width=width),
         show_path=False,
         rich_tracebacks=False,
         markup=False,
@@ -79,6 +83,14 @@ def child_environ(config: LogConfig) -> dict[str, str]:
 def export_to_children(config: LogConfig) -> None:
     """Put the logging setup into this process's environment so every child inherits it, whoever spawns it."""
     os.environ.update(child_environ(config))
+
+
+def print_result(config: LogConfig | None, text: str, data: Mapping[str, Any]) -> None:
+    """A command's result on stdout: `text` for people, `data` as one JSON object with --json-output."""
+    if config is not None and config.json_output:
+        print(json.dumps(dict(data), default=str), flush=True)
+    else:
+        print(text, flush=True)
 
 
 def get_logger(name: str) -> logging.Logger:
