@@ -1,0 +1,151 @@
+"""One rank's shard runtime: the small facade the gRPC servicer calls.
+
+It owns the model, the KV cache and the model runner; the servicer owns the cache of batches by id and
+the protobuf conversion. Until `warmup` sizes it, the KV cache holds only block 0 (enough for the
+health probe): the router always warms up before it schedules (reference 1.3), and a batch whose
+blocks do not exist is refused as an invalid request rather than written out of bounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tgictl.errors import ConfigError, UnhealthyError
+from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
+from tgictl.proto.messages import Batch, Generation, Info, Timings, WarmupRequest, WarmupResult
+from tgictl.runtime.shard.batch import ShardBatch
+from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.shard.kv_cache import KVCache
+from tgictl.runtime.shard.model_runner import ModelRunner
+from tgictl.runtime.shard.models.base import CausalLM
+from tgictl.runtime.shard.models.registry import load_model
+from tgictl.runtime.shard.warmup import KVMemorySettings, warmup
+
+StepOutput = tuple[list[Generation], ShardBatch | None, Timings]
+
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype}")
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, value in _DTYPES.items() if value == dtype)
+
+
+class ShardRuntime:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        dist: DistContext,
+        block_size: int,
+        kv_settings: KVMemorySettings,
+    ) -> None:
+        if block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {block_size}")
+        self.model = model
+        self.config = model.config
+        self.dtype = dtype
+        self.device = device
+        self.dist = dist
+        self.block_size = block_size
+        self.kv_settings = kv_settings
+        self.runner = ModelRunner(model, self.make_cache(1), block_size=block_size, dist=dist, device=device)
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: Path | str,
+        dtype: str | torch.dtype,
+        device: torch.device | str,
+        dist: DistContext,
+        block_size: int = 16,
+        kv_cache_memory: int | None = None,
+        cuda_memory_fraction: float = 0.9,
+    ) -> ShardRuntime:
+        """Load this rank's slice of the model. kv_cache_memory: bytes (see warmup.py for defaults)."""
+        settings = KVMemorySettings(kv_cache_memory=kv_cache_memory, cuda_memory_fraction=cuda_memory_fraction)
+        torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
+        model = load_model(Path(model_dir), dtype=torch_dtype, device=torch_device, dist=dist)
+        return cls(
+            model, dtype=torch_dtype, device=torch_device, dist=dist, block_size=block_size, kv_settings=settings
+        )
+
+    def make_cache(self, num_blocks: int) -> KVCache:
+        return self.model.allocate_kv_cache(num_blocks, self.block_size)
+
+    def info(self) -> Info:
+        return Info(
+            dtype=dtype_name(self.dtype),
+            device_type=self.device.type,
+            block_size=self.block_size,
+            support_chunking=True,
+            use_prefix_caching=True,
+            attention_impl=DEFAULT_ATTENTION_BACKEND,
+            model_type=self.config.model_type,
+            vocab_size=self.config.vocab_size,
+            num_layers=self.config.num_layers,
+            max_position_embeddings=self.config.max_position_embeddings,
+            eos_token_ids=tuple(self.config.eos_token_ids),
+            world_size=self.dist.world_size,
+        )
+
+    def warmup(self, request: WarmupRequest) -> WarmupResult:
+        return warmup(
+            self.runner,
+            request,
+            settings=self.kv_settings,
+            make_cache=self.make_cache,
+            bytes_per_block=self.model.kv_bytes_per_block(self.block_size),
+            max_position_embeddings=self.config.max_position_embeddings,
+        )
+
+    def new_batch(self, batch: Batch) -> ShardBatch:
+        return ShardBatch.from_batch(
+            batch,
+            block_size=self.block_size,
+            num_blocks=self.runner.kv_cache.num_blocks,
+            vocab_size=self.config.vocab_size,
+            device=self.device,
+        )
+
+    def prefill(self, batch: Batch, cached: ShardBatch | None = None) -> StepOutput:
+        """Build `batch`; with `cached` (chunking), run it in the same forward after the cached rows."""
+        start = time.perf_counter_ns()
+        new = self.new_batch(batch)
+        concat_ns = None
+        if cached is not None:
+            concat_start = time.perf_counter_ns()
+            new = ShardBatch.concatenate([cached, new])
+            concat_ns = time.perf_counter_ns() - concat_start
+        return self._step(new, start, concat_ns)
+
+    def decode(self, batches: Sequence[ShardBatch]) -> StepOutput:
+        start = time.perf_counter_ns()
+        batch = ShardBatch.concatenate(batches)  # one batch comes back as is; none is an error
+        concat_ns = time.perf_counter_ns() - start if len(batches) > 1 else None
+        return self._step(batch, start, concat_ns)
+
+    def _step(self, batch: ShardBatch, start: int, concat_ns: int | None) -> StepOutput:
+        generations, next_batch, timings = self.runner.generate_token(batch)
+        total = time.perf_counter_ns() - start
+        return generations, next_batch, Timings(timings.forward_ns, timings.decode_ns, total, concat_ns)
+
+    def health(self) -> None:
+        """Raise UnhealthyError unless a real one-token forward gives finite logits."""
+        if not self.runner.health():
+            raise UnhealthyError("health probe forward produced non-finite logits")
