@@ -1,6 +1,6 @@
 """Time NextTokenChooser per step, and the random-number designs it was chosen from.
 
-    python scripts/bench_sampling.py [--device cpu|cuda] [--vocab 49152] [--repeats 20]
+    python scripts/bench_sampling.py [--device cpu|cuda] [--vocab 49152] [--repeats 20] [--threads N]
 
 Scenarios, each at batch 1, 32 and 64:
   greedy        no sampling, no penalties: the fast path (argmax + log_softmax)
@@ -138,7 +138,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
     bench_chooser(device, args.vocab, args.repeats)

@@ -10,6 +10,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 
 from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import SamplingParams
+from tgictl.runtime.shard import logits_processors as lp
 from tgictl.runtime.shard.sampling import NextTokenChooser, TokenHistory, needs_history
 
 NEG_INF = float("-inf")
@@ -200,3 +201,14 @@ def test_penalties_count_generated_tokens_too() -> None:
 def test_out_of_range_parameters_are_rejected_with_their_name(field: str, value: float) -> None:
     with pytest.raises(InvalidRequestError, match=f"sampling.{field} of request row 1"):
         NextTokenChooser.from_params([SamplingParams(), SamplingParams(**{field: value})], 10, "cpu")
+
+
+def test_sort_based_warpers_leave_neutral_rows_alone_when_called_on_them() -> None:
+    # The chooser passes only active rows, but the functions themselves must be identities on neutral ones.
+    generator = torch.Generator().manual_seed(7)
+    scores = torch.randn(3, 700, generator=generator) * torch.tensor([[4.0], [0.1], [2.0]])
+    for warp, value in ((lp.top_p, 0.9), (lp.typical_p, 0.9)):
+        out = warp(scores, torch.tensor([[value], [1.0], [value]]))
+        assert torch.equal(out[1], scores[1])
+        assert torch.equal(out[[0, 2]], warp(scores[[0, 2]], torch.tensor([[value], [value]])))
+        assert 0 < torch.isfinite(out[0]).sum().item() < 700

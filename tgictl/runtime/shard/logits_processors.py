@@ -61,31 +61,44 @@ def top_k(scores: Tensor, k: Tensor, k_max: int) -> Tensor:
     return scores.masked_fill(scores < kth, float("-inf"))
 
 
+def _rows(tensor: Tensor, pending: Tensor | None) -> Tensor:
+    """The pending rows of a [R, ...] tensor (None = all rows, no copy)."""
+    return tensor if pending is None else tensor.index_select(0, pending)
+
+
+def _store(target: Tensor, pending: Tensor | None, settled: Tensor, values: Tensor) -> None:
+    """target[pending rows that settled] = values[settled]."""
+    rows = settled.nonzero().squeeze(1) if pending is None else pending[settled]
+    target[rows] = values[settled]
+
+
+def _still_pending(pending: Tensor | None, settled: Tensor) -> Tensor:
+    unsettled = ~settled
+    return unsettled.nonzero().squeeze(1) if pending is None else pending[unsettled]
+
+
 def top_p(scores: Tensor, p: Tensor) -> Tensor:
     """Nucleus: keep the smallest set of most likely tokens whose probability reaches p; the most
-    likely token is always kept. p: [R, 1] in (0, 1] (1.0 = off)."""
+    likely token is always kept, and so is every token exactly as likely as the last one needed
+    (as top_k keeps ties), which also makes the result independent of how topk orders equal values.
+    p: [R, 1] in (0, 1] (1.0 = off)."""
     probs = scores.softmax(dim=-1)  # [R, V]
-    keep = torch.zeros_like(scores, dtype=torch.bool)
-    pending = torch.arange(scores.shape[0], device=scores.device)  # rows not settled yet
-    for rung in _rungs(scores.shape[1]):
-        best, ids = probs.index_select(0, pending).topk(rung, dim=-1)  # [P, rung] descending
-        row_p = p.index_select(0, pending)  # [P, 1]
+    vocab = scores.shape[1]
+    threshold = torch.zeros_like(p)  # [R, 1] smallest probability kept; 0 keeps everything
+    pending: Tensor | None = None  # rows not settled yet; None = every row
+    for rung in _rungs(vocab):
+        best = _rows(probs, pending).topk(rung, dim=-1).values  # [P, rung] descending
         cumulative = best.cumsum(dim=-1)
-        # Mass strictly before each candidate; starts at exactly 0 so the top token always stays.
+        # Mass strictly before each candidate; exactly 0 for the first, so the top token stays.
         before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=1)
-        kept = (before < row_p) | (row_p >= 1.0)  # [P, rung]
-        if rung < scores.shape[1]:
-            # Settled when the candidates reach p (what follows is outside the nucleus) and no
-            # off row (p = 1.0) remains, since those keep everything.
-            settled = (cumulative[:, -1:] >= row_p).squeeze(1) & (row_p < 1.0).squeeze(1)
-        else:
-            settled = torch.ones_like(pending, dtype=torch.bool)
-        rows = pending[settled]
-        keep[rows] = torch.zeros_like(keep[rows]).scatter(1, ids[settled], kept[settled])
-        pending = pending[~settled]
-        if pending.numel() == 0:
+        needed = (before < _rows(p, pending)).sum(dim=1, keepdim=True)  # [P, 1] nucleus size, >= 1
+        # Settled once a candidate lies outside the nucleus: every later token does too.
+        settled = (needed < rung).squeeze(1) if rung < vocab else torch.ones_like(needed.squeeze(1), dtype=torch.bool)
+        _store(threshold, pending, settled, best.gather(1, needed - 1))
+        if bool(settled.all()):
             break
-    return scores.masked_fill(~keep, float("-inf"))
+        pending = _still_pending(pending, settled)
+    return scores.masked_fill(probs < threshold, float("-inf"))
 
 
 def typical_p(scores: Tensor, mass: Tensor) -> Tensor:
@@ -97,18 +110,20 @@ def typical_p(scores: Tensor, mass: Tensor) -> Tensor:
     entropy = -(log_probs * probs).nansum(dim=-1, keepdim=True)  # [R, 1]; -inf * 0 -> nan, skipped
     distance = (-log_probs - entropy).abs()  # [R, V]; inf for removed tokens
     threshold = torch.full_like(mass, float("inf"))  # [R, 1]; +inf keeps everything (off rows)
-    pending = (mass < 1.0).squeeze(1).nonzero().squeeze(1)
+    active = (mass < 1.0).squeeze(1)
+    pending: Tensor | None = None if bool(active.all()) else active.nonzero().squeeze(1)
     vocab = scores.shape[1]
     for rung in _rungs(vocab):
-        if pending.numel() == 0:
+        if pending is not None and pending.numel() == 0:
             break
-        nearest, ids = distance.index_select(0, pending).topk(rung, dim=-1, largest=False)  # ascending
-        cumulative = probs.index_select(0, pending).gather(1, ids).cumsum(dim=-1)  # [P, rung]
-        last = (cumulative < mass.index_select(0, pending)).sum(dim=1, keepdim=True)  # [P, 1]
-        settled = (last < rung).squeeze(1) if rung < vocab else torch.ones_like(pending, dtype=torch.bool)
-        last = last.clamp(max=rung - 1)
-        threshold[pending[settled]] = nearest.gather(1, last)[settled]
-        pending = pending[~settled]
+        nearest, ids = _rows(distance, pending).topk(rung, dim=-1, largest=False)  # [P, rung] ascending
+        cumulative = _rows(probs, pending).gather(1, ids).cumsum(dim=-1)  # [P, rung]
+        last = (cumulative < _rows(mass, pending)).sum(dim=1, keepdim=True)  # [P, 1]
+        settled = (last < rung).squeeze(1) if rung < vocab else torch.ones_like(last.squeeze(1), dtype=torch.bool)
+        _store(threshold, pending, settled, nearest.gather(1, last.clamp(max=rung - 1)))
+        if bool(settled.all()):
+            break
+        pending = _still_pending(pending, settled)
     return scores.masked_fill(distance > threshold, float("-inf"))
 
 

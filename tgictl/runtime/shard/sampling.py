@@ -22,6 +22,7 @@ from torch import Tensor
 from tgictl.errors import GenerationError
 from tgictl.proto.messages import SamplingParams
 from tgictl.runtime.shard import logits_processors as lp
+from tgictl.runtime.shard.inverse_cdf import draw
 from tgictl.runtime.shard.sampling_params import RowSelection, needs_penalties, select_rows, validate
 from tgictl.runtime.shard.seeded_uniform import seed_key_table, seeded_uniform
 from tgictl.runtime.shard.token_history import TokenHistory
@@ -139,25 +140,19 @@ class NextTokenChooser:
         return scores
 
     def _choose(self, scores: Tensor, steps: Tensor) -> Tensor:
-        """Greedy argmax for every row, replaced by a seeded draw on the sampling rows."""
-        next_ids = scores.argmax(dim=-1)  # [B]
+        """Greedy argmax for the greedy rows, a seeded inverse-CDF draw for the sampling rows."""
         if self.sampling is None or self.seed_keys is None:
-            return next_ids
+            return scores.argmax(dim=-1)  # [B]; ties -> lowest id
         if steps.shape != (len(self.params),):
             raise GenerationError(f"NextTokenChooser: steps shape {tuple(steps.shape)} != ({len(self.params)},)")
-        rows = self.sampling.index
-        sub = scores if rows is None else scores.index_select(0, rows)  # [S, V]
-        row_steps = steps.to(self.device) if rows is None else steps.to(self.device).index_select(0, rows)
-        uniform = seeded_uniform(self.seed_keys, row_steps)  # [S] float64 in [0, 1)
-        # Inverse CDF: the first token whose cumulative probability exceeds u * total. float64 sums
-        # keep tokens down to ~1e-16 reachable; scaling by the total absorbs rounding so u never
-        # falls past the end, and a strict ">" never lands on a zero-probability token.
-        cumulative = sub.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)  # [S, V]
-        target = (uniform * cumulative[:, -1]).unsqueeze(1)  # [S, 1]
-        drawn = torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp_(max=self.vocab_size - 1)
+        rows = self.sampling.index  # None when every row samples
+        steps = steps.to(self.device)
+        sub = _rows(scores, rows)  # [S, V]
+        uniform = seeded_uniform(self.seed_keys, _rows(steps, rows))  # [S] float64 in [0, 1)
+        drawn = draw(sub.softmax(dim=-1), uniform)  # [S]
         if rows is None:
             return drawn
-        return next_ids.index_copy(0, rows, drawn)
+        return scores.argmax(dim=-1).index_copy(0, rows, drawn)
 
 
 def _full_column(
@@ -168,6 +163,10 @@ def _full_column(
     if all(v == neutral for v in values):
         return None
     return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _rows(tensor: Tensor, index: Tensor | None) -> Tensor:
+    return tensor if index is None else tensor.index_select(0, index)
 
 
 def _on_rows(scores: Tensor, selection: RowSelection, warp: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
