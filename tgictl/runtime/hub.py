@@ -188,8 +188,14 @@ def download_model(
     only PyTorch .bin weights is downloaded and converted). Returns the local directory."""
     from huggingface_hub import HfApi, snapshot_download
 
+    cached = find_in_cache(model_id, revision, hub) if local_dir is None else None
     if hub.offline:
-        raise ModelNotFoundError(f"cannot download model {model_id!r}: HF_HUB_OFFLINE=1 is set")
+        if cached is not None:
+            return cached
+        raise ModelNotFoundError(
+            f"cannot download model {model_id!r}{_at(revision)}: HF_HUB_OFFLINE=1 is set and it is not in "
+            f"the Hugging Face cache ({hub.hub_cache_dir})"
+        )
     api = HfApi(endpoint=hub.endpoint, token=hub.token)
     try:
         # One metadata call, no retries: it fails fast when the hub is unreachable, gives the file
@@ -197,7 +203,11 @@ def download_model(
         info = api.model_info(model_id, revision=revision, timeout=hub.timeout_s)
     except Exception as err:  # noqa: BLE001 - every failure here means "the hub cannot give us this model"
         log.debug("hub metadata request failed", exc_info=True)
-        raise _hub_error(model_id, revision, hub, err) from None
+        error = _hub_error(model_id, revision, hub, err)
+        if cached is not None:
+            log.warning("%s; using the cached copy in %s", error.message, cached)
+            return cached
+        raise error from None
     files = [s.rfilename for s in (info.siblings or []) if "/" not in s.rfilename]
     weights = [f for f in files if f.endswith(".safetensors") or f == "model.safetensors.index.json"]
     needs_conversion = not any(f.endswith(".safetensors") for f in weights)
