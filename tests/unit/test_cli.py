@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,57 @@ def test_no_arguments_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert "Usage: tgictl" in captured.out + captured.err
     assert "Error" not in captured.err
+
+
+def test_download_and_convert_are_registered(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "tgictl.commands.download" in COMMAND_MODULES
+    assert "tgictl.commands.convert" in COMMAND_MODULES
+    assert main(["convert", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--dtype", "--output", "--force"):
+        assert option in out
+
+
+def test_known_error_is_one_line_with_its_exit_code(tmp_path: Path) -> None:
+    result = run_tgictl("convert", str(tmp_path / "absent.gguf"))
+    assert result.returncode == 2
+    assert result.stderr == f"Error: No such file or directory: {tmp_path / 'absent.gguf'}\n"
+    assert result.stdout == ""
+
+
+def test_known_error_as_json_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["--json-output", "convert", str(tmp_path / "absent.bin")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert json.loads(err) == {
+        "level": "error",
+        "error_type": "conversion",
+        "message": f"No such file or directory: {tmp_path / 'absent.bin'}",
+    }
+
+
+def test_debug_level_shows_the_traceback(tmp_path: Path) -> None:
+    result = run_tgictl("--log-level", "debug", "convert", str(tmp_path / "absent.bin"))
+    assert result.returncode == 2
+    assert "Traceback (most recent call last)" in result.stderr
+    assert result.stderr.splitlines()[-1] == f"Error: No such file or directory: {tmp_path / 'absent.bin'}"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--log-level", "loud", "convert", "x"], {}, "Error: log level must be one of debug, info, warning, error, critical, got 'loud'"),
+        (["convert", "x"], {"TGICTL_JSON_OUTPUT": "maybe"}, "Error: TGICTL_JSON_OUTPUT must be a boolean"),
+        (["convert", "--dtype", "int4", "x"], {}, "Error: dtype must be one of float32, bfloat16, float16, got 'int4'"),
+        (["convert"], {}, "Error: Missing argument"),
+    ],
+)
+def test_bad_arguments_and_settings_exit_2(
+    args: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(message), err
+    assert "Traceback" not in err
