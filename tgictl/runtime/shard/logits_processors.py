@@ -28,11 +28,14 @@ def repetition_penalty(scores: Tensor, present: Tensor, penalty: Tensor) -> Tens
     """CTRL-style: a token present in the row's history has a positive score divided by the
     penalty and a negative one multiplied by it, once however often it occurs.
     present: [R, V] bool; penalty: [R, 1] (> 0, 1.0 = off)."""
-    divided, multiplied = scores / penalty, scores * penalty
-    # For p >= 1 the wanted value is always the smaller of the two (x/p for x > 0, x*p for x < 0),
-    # for p < 1 the larger; min/max return one operand bitwise. Selecting on the sign of each score
-    # instead (torch.where(scores > 0, ...)) is ~15x slower on CPU: an unpredictable branch per entry.
-    penalised = torch.where(penalty >= 1.0, torch.minimum(divided, multiplied), torch.maximum(divided, multiplied))
+    # For p >= 1 the wanted value is the smaller of x/p and x*p (x/p when x > 0, x*p when x < 0);
+    # for p < 1 it is the larger, and max(a, b) = -min(-a, -b). With sign = -1 for p < 1, the value
+    # is sign * min(x / (sign*p), x * (sign*p)): exact, since IEEE rounding is symmetric in sign.
+    # Selecting on the sign of each score instead (torch.where(scores > 0, ...)) is ~15x slower on
+    # CPU (an unpredictable branch per entry), and so is a where() on a broadcast [R, 1] condition.
+    sign = torch.where(penalty >= 1.0, 1.0, -1.0)  # [R, 1]
+    signed = sign * penalty  # [R, 1]
+    penalised = sign * torch.minimum(scores / signed, scores * signed)
     return torch.where(present, penalised, scores)
 
 

@@ -56,8 +56,9 @@ class NextTokenChooser:
         self.presence = _full_column(params, "presence_penalty", 0.0, device)
         self.temperature = _full_column(params, "temperature", 1.0, device)
         # Row-wise warpers (topk/sort/softmax per row) run only on the rows that asked.
+        # top_k >= vocab keeps everything: neutral, so it costs no full-vocabulary topk.
         self.top_k = select_rows(
-            params, lambda p: min(p.top_k, vocab_size) if p.top_k else None, device, dtype=torch.int64
+            params, lambda p: p.top_k if 0 < p.top_k < vocab_size else None, device, dtype=torch.int64
         )
         self.top_p = select_rows(params, lambda p: p.top_p if p.top_p < 1.0 else None, device)
         self.typical_p = select_rows(params, lambda p: p.typical_p if p.typical_p < 1.0 else None, device)
