@@ -133,11 +133,15 @@ def bench_rng(device: torch.device, vocab: int, repeats: int) -> None:
     seeds = list(range(batch))
     keys = seed_key_table(seeds, device)
     steps = torch.full((batch,), 10, dtype=torch.int64, device=device)
+    designs: list[tuple[str, Callable[[], Tensor]]] = [
+        ("counter hash per vocab entry + Gumbel-max", lambda: rng_counter_gumbel(scores, keys, steps)),
+        ("torch.Generator per row + exponential race", lambda: rng_generator_per_row(scores, seeds, [10] * batch)),
+        ("counter hash per row + flat inverse CDF", lambda: rng_inverse_cdf_flat(scores, keys, steps)),
+        ("counter hash per row + 2-level inverse CDF (chosen)", lambda: rng_inverse_cdf_blocks(scores, keys, steps)),
+    ]
     print(f"\nRNG designs, B={batch}, V={vocab} (best of N, ms to draw one token per row)")
-    print(f"  counter hash per vocab entry + Gumbel-max : {timed(lambda: rng_counter_gumbel(scores, keys, steps), device, repeats):8.2f}")
-    print(f"  torch.Generator per row + exponential race: {timed(lambda: rng_generator_per_row(scores, seeds, [10] * batch), device, repeats):8.2f}")
-    print(f"  counter hash per row + flat inverse CDF   : {timed(lambda: rng_inverse_cdf_flat(scores, keys, steps), device, repeats):8.2f}")
-    print(f"  counter hash per row + 2-level inverse CDF: {timed(lambda: rng_inverse_cdf_blocks(scores, keys, steps), device, repeats):8.2f}  (chosen)")
+    for name, fn in designs:
+        print(f"  {name:<52}{timed(fn, device, repeats):8.2f}")
 
 
 def main() -> None:
