@@ -221,3 +221,62 @@ class RouterConfig:
             )
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must not be empty")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """`tgictl launch`: N shard processes and one router, supervised together.
+
+    `router` carries every router option; the launcher replaces its `master_shard_uds_path` and
+    `tokenizer_name` with rank 0's socket and the resolved model directory, so both are placeholders
+    here. `shard_uds_path` None: a fresh private directory per launch, removed on exit (two launches
+    by one user never share sockets).
+    """
+
+    router: RouterConfig
+    model_id: str = DEFAULT_MODEL_ID
+    revision: str | None = None
+    num_shard: int = 1
+    dtype: str | None = None
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes per shard
+    shard_uds_path: Path | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port on this host
+    # After the router stopped no RPC is in flight, so a shard that ignores SIGTERM this long is stuck
+    # (in a collective, say) and gets SIGKILL.
+    shard_stop_timeout_s: float = 10.0
+    # After a child died the rest cannot serve: they get this long after SIGTERM, then SIGKILL.
+    crash_stop_timeout_s: float = 3.0
+    progress_interval_s: float = 5.0  # how often "waiting for shards" is logged
+
+    def __post_init__(self) -> None:
+        if not self.model_id.strip():
+            raise ConfigError("model_id must not be empty")
+        if self.num_shard < 1:
+            raise ConfigError(f"num_shard must be >= 1, got {self.num_shard}")
+        if self.dtype is not None and self.dtype not in SHARD_DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(SHARD_DTYPES)}, got {self.dtype!r}")
+        if self.block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise ConfigError(f"master_port must be in 1 .. 65535, got {self.master_port}")
+        if not self.master_addr.strip():
+            raise ConfigError("master_addr must not be empty")
+        if self.shard_uds_path is not None:
+            if not self.shard_uds_path.is_absolute():
+                raise ConfigError(f"shard_uds_path must be an absolute path, got {str(self.shard_uds_path)!r}")
+            last_socket = f"{self.shard_uds_path}-{self.num_shard - 1}"
+            if len(last_socket.encode()) > MAX_UDS_PATH_BYTES:
+                raise ConfigError(
+                    f"shard_uds_path {str(self.shard_uds_path)!r} is too long for a Unix socket: at most "
+                    f"{MAX_UDS_PATH_BYTES} bytes with the '-{{rank}}' suffix"
+                )
+        for name, value in (("shard_stop_timeout_s", self.shard_stop_timeout_s),
+                            ("crash_stop_timeout_s", self.crash_stop_timeout_s)):
+            if value < 0:
+                raise ConfigError(f"{name} must be >= 0, got {value}")
+        if self.progress_interval_s <= 0:
+            raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
