@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "tgictl.commands.convert",
     "tgictl.commands.profile",
     "tgictl.commands.shard",
+    "tgictl.commands.router",
 )
 
 

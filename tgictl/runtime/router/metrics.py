@@ -1,0 +1,148 @@
+"""Prometheus metrics of one router: TGI's `tgi_*` names (reference 2.9) plus tgictl's KV-cache figures.
+
+Every RouterMetrics owns its CollectorRegistry, so two apps in one process (tests) never share or
+collide; nothing lives at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+FAILURE_KINDS = ("validation", "overloaded", "generation", "incomplete", "dropped", "template")
+
+
+def duration_buckets() -> list[float]:
+    """TGI's buckets for every `*duration` metric: 35 geometric steps from 0.15 ms, x1.5 each."""
+    return [0.00015 * 1.5**i for i in range(35)]
+
+
+def linear_buckets(limit: int, count: int = 100) -> list[float]:
+    """`count` equal buckets up to `limit` (TGI: input_length by max_input_tokens, ...)."""
+    step = max(limit / count, 1.0)
+    return [step * (i + 1) for i in range(count)]
+
+
+class RouterMetrics:
+    def __init__(self, *, max_input_tokens: int, max_total_tokens: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        durations = duration_buckets()
+        # Requests (router/src/server.rs, infer/mod.rs).
+        self.request_count = Counter("tgi_request_count", "Requests received", registry=r)
+        self.request_success = Counter("tgi_request_success", "Requests that ended normally", registry=r)
+        self.request_failure = Counter("tgi_request_failure", "Requests that failed", ["err"], registry=r)
+        self.request_duration = Histogram(
+            "tgi_request_duration", "Request wall time (s)", buckets=durations, registry=r
+        )
+        self.validation_duration = Histogram(
+            "tgi_request_validation_duration", "Validation time (s)", buckets=durations, registry=r
+        )
+        self.queue_duration = Histogram(
+            "tgi_request_queue_duration", "Time waiting in the queue (s)", buckets=durations, registry=r
+        )
+        self.inference_duration = Histogram(
+            "tgi_request_inference_duration", "Time from scheduling to the end (s)", buckets=durations, registry=r
+        )
+        self.time_per_token = Histogram(
+            "tgi_request_mean_time_per_token_duration", "Mean time per generated token (s)",
+            buckets=durations, registry=r,
+        )
+        self.generated_tokens = Histogram(
+            "tgi_request_generated_tokens", "Generated tokens per request",
+            buckets=linear_buckets(max_total_tokens), registry=r,
+        )
+        self.input_length = Histogram(
+            "tgi_request_input_length", "Prompt tokens per request",
+            buckets=linear_buckets(max_input_tokens), registry=r,
+        )
+        self.max_new_tokens = Histogram(
+            "tgi_request_max_new_tokens", "max_new_tokens per request",
+            buckets=linear_buckets(max_total_tokens), registry=r,
+        )
+        self.skipped_tokens = Histogram(
+            "tgi_request_skipped_tokens", "Speculated tokens per step (always 0: no speculation)",
+            buckets=[0.0, 1.0, 2.0, 4.0, 8.0], registry=r,
+        )
+        # Batches (backends/v3/src/backend.rs).
+        self.batch_count = Counter(
+            "tgi_batch_inference_count", "Shard steps", ["method"], registry=r
+        )
+        self.batch_success = Counter(
+            "tgi_batch_inference_success", "Shard steps that succeeded", ["method"], registry=r
+        )
+        self.batch_failure = Counter(
+            "tgi_batch_inference_failure", "Shard steps that failed", ["method"], registry=r
+        )
+        self.batch_concat = Counter(
+            "tgi_batch_concat", "Running batches extended with new requests", ["reason"], registry=r
+        )
+        self.queue_size = Gauge("tgi_queue_size", "Requests waiting", registry=r)
+        self.batch_current_size = Gauge("tgi_batch_current_size", "Requests in the running batch", registry=r)
+        self.batch_current_max_tokens = Gauge(
+            "tgi_batch_current_max_tokens", "KV tokens the running batch may use", registry=r
+        )
+        self.batch_max_total_tokens = Gauge(
+            "tgi_batch_max_total_tokens", "KV tokens the shards hold (from warmup)", registry=r
+        )
+        self.batch_next_size = Histogram(
+            "tgi_batch_next_size", "Requests per new batch",
+            buckets=[float(2**i) for i in range(11)], registry=r,
+        )
+        self.batch_inference_duration = Histogram(
+            "tgi_batch_inference_duration", "Shard step as the router sees it (s)", ["method"],
+            buckets=durations, registry=r,
+        )
+        self.batch_forward_duration = Histogram(
+            "tgi_batch_forward_duration", "Model forward and sampling (s)", ["method"],
+            buckets=durations, registry=r,
+        )
+        self.batch_decode_duration = Histogram(
+            "tgi_batch_decode_duration", "Shard bookkeeping after the forward (s)", ["method"],
+            buckets=durations, registry=r,
+        )
+        self.batch_filter_duration = Histogram(
+            "tgi_batch_filter_duration", "FilterBatch calls (s)", ["method"], buckets=durations, registry=r
+        )
+        self.batch_concat_duration = Histogram(
+            "tgi_batch_concat_duration", "Batch concatenation on the shard (s)", ["method"],
+            buckets=durations, registry=r,
+        )
+        # tgictl's KV cache figures (router/block_allocator, router/radix).
+        self.kv_blocks_total = Gauge("tgictl_kv_blocks_total", "Usable KV blocks (block 0 excluded)", registry=r)
+        self.kv_blocks_free = Gauge("tgictl_kv_blocks_free", "KV blocks on the free list", registry=r)
+        self.kv_blocks_cached = Gauge(
+            "tgictl_kv_blocks_cached", "KV blocks held only by the prefix cache (evictable)", registry=r
+        )
+        self.prefix_cache_hit_tokens = Counter(
+            "tgictl_prefix_cache_hit_tokens", "Prompt tokens whose KV came from the prefix cache", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "tgictl_prompt_tokens", "Prompt tokens of prefilled requests (cache hits included)", registry=r
+        )
+        for kind in FAILURE_KINDS:  # exported at 0 from the start, so rates work before the first failure
+            self.request_failure.labels(err=kind)
+        for method in ("prefill", "decode"):
+            self.batch_count.labels(method=method)
+            self.batch_success.labels(method=method)
+            self.batch_failure.labels(method=method)
+
+    def watch(
+        self,
+        *,
+        queue_size: Callable[[], float],
+        kv_total: Callable[[], float],
+        kv_free: Callable[[], float],
+        kv_cached: Callable[[], float],
+    ) -> None:
+        """Gauges read at scrape time from the live objects (no bookkeeping to drift)."""
+        self.queue_size.set_function(queue_size)
+        self.kv_blocks_total.set_function(kv_total)
+        self.kv_blocks_free.set_function(kv_free)
+        self.kv_blocks_cached.set_function(kv_cached)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
