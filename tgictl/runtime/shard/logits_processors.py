@@ -96,11 +96,13 @@ def top_p(scores: Tensor, p: Tensor) -> Tensor:
         before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=1)
         needed = (before < _rows(p, pending)).sum(dim=1, keepdim=True)  # [P, 1] nucleus size, >= 1
         # Settled once a candidate lies outside the nucleus: every later token does too.
-        settled = (needed < rung).squeeze(1) if rung < vocab else torch.ones_like(needed.squeeze(1), dtype=torch.bool)
+        settled = (needed < rung).squeeze(1) | (rung == vocab)
         _store(threshold, pending, settled, best.gather(1, needed - 1))
         if bool(settled.all()):
             break
         pending = _still_pending(pending, settled)
+    # Off rows keep everything, even tokens whose mass float32 sums can no longer register.
+    threshold = threshold.masked_fill(p >= 1.0, 0.0)
     return scores.masked_fill(probs < threshold, float("-inf"))
 
 
@@ -122,7 +124,7 @@ def typical_p(scores: Tensor, mass: Tensor) -> Tensor:
         nearest, ids = _rows(distance, pending).topk(rung, dim=-1, largest=False)  # [P, rung] ascending
         cumulative = _rows(probs, pending).gather(1, ids).cumsum(dim=-1)  # [P, rung]
         last = (cumulative < _rows(mass, pending)).sum(dim=1, keepdim=True)  # [P, 1]
-        settled = (last < rung).squeeze(1) if rung < vocab else torch.ones_like(last.squeeze(1), dtype=torch.bool)
+        settled = (last < rung).squeeze(1) | (rung == vocab)
         _store(threshold, pending, settled, nearest.gather(1, last.clamp(max=rung - 1)))
         if bool(settled.all()):
             break
