@@ -37,8 +37,6 @@ def shard(
     ),
 ) -> None:
     """Load the model and serve this rank until SIGTERM or SIGINT."""
-    from tgictl.runtime.shard.server import serve  # torch loads only for this command
-
     env = read_env()
     config = ShardConfig(
         model_id=model_id,
@@ -52,6 +50,8 @@ def shard(
         master_addr=env.master_addr,
         master_port=env.master_port,
     )
+    from tgictl.runtime.shard.server import serve  # torch loads only once the flags are known good
+
     serve(config, HubConfig.from_env(env))
 
 

@@ -49,7 +49,12 @@ def prepare_socket_dir(directory: Path) -> None:
     Whoever can write the directory can replace a shard's socket with their own and receive every
     prompt, so it must belong to this user and give no write permission to group or others.
     """
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # a file (or a dangling symlink) has the name
+        raise ConfigError(f"socket directory {directory} is not a directory") from None
+    except OSError as err:
+        raise ConfigError(f"cannot create the socket directory {directory}: {err.strerror}") from None
     st = directory.lstat()  # a symlink is refused: its target is what would need checking
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"socket directory {directory} is not a directory")
@@ -147,8 +152,9 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
     try:
         await stop.wait()
     finally:
-        log.info("rank %d stopping: no new RPCs, up to %.0f s for the one in flight", config.rank, config.shutdown_grace_s)
-        await server.stop(config.shutdown_grace_s)
+        grace = config.shutdown_grace_s
+        log.info("rank %d stopping: no new RPCs, up to %.0f s for the one in flight", config.rank, grace)
+        await server.stop(grace)
         _remove_socket(socket_path, inode)
         drained = await loop.run_in_executor(None, worker.drain, _DRAIN_TIMEOUT_S)
         worker.shutdown()

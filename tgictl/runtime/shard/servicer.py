@@ -73,6 +73,7 @@ def _rpc(handler: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awa
         name = handler.__name__
         if self.failed is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"shard is stopping after an error: {self.failed}")
+        log.debug("%s started", name)
         try:
             return await handler(self, request)
         except TgictlError as err:

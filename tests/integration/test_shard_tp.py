@@ -1,0 +1,137 @@
+"""Two `tgictl shard` processes as one tensor-parallel model (WORLD_SIZE=2 over gloo).
+
+Every RPC goes to both ranks at once, as the router's ShardedClient sends it. Both ranks must answer
+with the same CachedBatch, only rank 0 reports generations, and those carry the same tokens as a
+single shard (the runtime library in this process): logprobs may differ in the last bits because the
+ranks sum partial products in another order. The last test kills rank 1: rank 0's next collective
+fails, which must answer INTERNAL and end rank 0 with a non-zero exit (the launcher's cue).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from shard_procs import Blocks, Oracle, ShardConn, ShardProc, free_port, health_ok, start_shard, warmup_batch
+
+from tgictl.proto import convert
+from tgictl.proto import generate_pb2 as pb
+from tgictl.proto.messages import Batch, PrefillRequest, SamplingParams, StepResult, WarmupRequest, WarmupResult
+
+WARMUP = WarmupRequest(batch=warmup_batch(64), max_prefill_tokens=64)
+
+
+@dataclass
+class Pair:
+    procs: list[ShardProc]
+    conn: ShardConn
+    oracle: Oracle
+    uds_base: Path
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    base_dir = tmp_path_factory.mktemp("tp")
+    port = free_port()
+    procs = [
+        start_shard(tiny_model_dir, base_dir / "s", base_dir / f"rank{r}.log", rank=r, world_size=2, master_port=port)
+        for r in range(2)
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    conn = None
+    try:
+        oracle = Oracle(tiny_model_dir)
+        oracle.runtime.warmup(WARMUP)
+        for proc in procs:
+            proc.wait_ready()
+        conn = ShardConn(*(proc.socket_path for proc in procs))
+        yield Pair(procs, conn, oracle, base_dir / "s")
+    finally:
+        torch.set_num_threads(threads)
+        if conn is not None:
+            conn.close()
+        for proc in procs:
+            proc.kill()
+
+
+def _tokens(result: StepResult) -> list[tuple[int, tuple[int, ...], object]]:
+    return [(g.request_id, g.tokens.ids, g.generated_text) for g in result.generations]
+
+
+def _logprobs(result: StepResult) -> list[float]:
+    return [lp for g in result.generations for lp in g.tokens.logprobs]
+
+
+def _check_step(replies: list[pb.PrefillResponse] | list[pb.DecodeResponse], local: StepResult) -> StepResult:
+    decode = isinstance(replies[0], pb.DecodeResponse)
+    from_pb = convert.decode_response_from_pb if decode else convert.prefill_response_from_pb
+    rank0, rank1 = (from_pb(r) for r in replies)
+    assert rank0.batch == rank1.batch == local.batch
+    assert rank1.generations == ()  # only rank 0 reports (generate.proto)
+    assert _tokens(rank0) == _tokens(local)
+    assert _logprobs(rank0) == pytest.approx(_logprobs(local), abs=1e-4)
+    return rank0
+
+
+def test_info_discovery_and_warmup_agree(pair: Pair) -> None:
+    infos = [convert.info_from_pb(r) for r in pair.conn.all("Info", pb.InfoRequest())]
+    assert infos[0] == infos[1]
+    assert (infos[0].world_size, infos[0].vocab_size) == (2, 512)
+    urls = [f"unix://{pair.uds_base}-{r}" for r in range(2)]
+    assert [list(r.urls) for r in pair.conn.all("ServiceDiscovery", pb.ServiceDiscoveryRequest())] == [urls, urls]
+    pair.conn.all("ClearCache", pb.ClearCacheRequest())
+    replies = pair.conn.all("Warmup", convert.warmup_request_to_pb(WARMUP))
+    # Each rank holds one of the two KV heads: 4 KiB per block, so 8 MiB holds 2048 blocks.
+    expected = WarmupResult(max_supported_total_tokens=2048 * 16, max_input_tokens=2047, max_total_tokens=2048)
+    assert [convert.warmup_response_from_pb(r) for r in replies] == [expected, expected]
+    for rank in range(2):
+        health_ok(pair.conn, rank)
+
+
+def test_ranks_answer_identically_and_match_one_shard(pair: Pair) -> None:
+    conn, oracle, blocks = pair.conn, pair.oracle, Blocks()
+    sampled = SamplingParams(temperature=0.5, top_k=20, repetition_penalty=1.25, seed=11)
+    first = Batch(
+        id=1,
+        requests=(
+            blocks.request(1, tuple(range(10, 30)), 6, sampled),
+            blocks.request(2, (5, 6, 7, 8, 9), 8, SamplingParams()),
+        ),
+    )
+    step = _check_step(conn.all("Prefill", convert.prefill_request_to_pb(PrefillRequest(first))), oracle.prefill(first))
+    for _ in range(2):
+        replies = conn.all("Decode", pb.DecodeRequest(batches=[convert.cached_batch_to_pb(step.batch)]))
+        step = _check_step(replies, oracle.decode([1]))
+    kept = conn.all("FilterBatch", pb.FilterBatchRequest(batch_id=1, request_ids=[2]))
+    assert [convert.filter_batch_response_from_pb(r) for r in kept] == [oracle.filter(1, (2,))] * 2
+    second = Batch(id=2, requests=(blocks.request(3, tuple(range(60, 90)), 4, sampled, chunk_len=12),))
+    prefill = convert.prefill_request_to_pb(PrefillRequest(second))
+    other = _check_step(conn.all("Prefill", prefill), oracle.prefill(second))
+    merged = pb.DecodeRequest(batches=[convert.cached_batch_to_pb(b) for b in (step.batch, other.batch)])
+    merged_step = _check_step(conn.all("Decode", merged), oracle.decode([1, 2]))
+    assert merged_step.batch is not None and merged_step.batch.request_ids == (2, 3)
+    conn.all("ClearCache", pb.ClearCacheRequest())
+
+
+def test_a_failed_collective_is_internal_and_ends_the_rank(pair: Pair) -> None:
+    """Runs last: it takes the pair down."""
+    conn = pair.conn
+    request = Blocks().request(9, (4, 5, 6), 4, SamplingParams())
+    step = convert.prefill_response_from_pb(
+        conn.all("Prefill", convert.prefill_request_to_pb(PrefillRequest(Batch(id=5, requests=(request,)))))[0]
+    )
+    pair.procs[1].signal(signal.SIGKILL)
+    assert pair.procs[1].wait_exit() == -signal.SIGKILL
+    decode = pb.DecodeRequest(batches=[convert.cached_batch_to_pb(step.batch)])
+    code, details = conn.status("Decode", decode, rank=0)
+    assert code == grpc.StatusCode.INTERNAL
+    assert "RuntimeError" in details  # gloo: the peer closed the connection
+    assert pair.procs[0].wait_exit() == 1
+    assert not pair.procs[0].socket_path.exists()
+    assert "stopped after an unrecoverable error" in pair.procs[0].log()
