@@ -142,6 +142,26 @@ def test_three_chunk_prefill_equals_one_prefill(runner: ModelRunner, hf_model: t
     assert list(first_chunked.top_tokens[0].logprobs) == pytest.approx(best.values.tolist(), abs=1e-4)
 
 
+def test_chunked_sampled_request_draws_as_if_prefilled_at_once(runner: ModelRunner) -> None:
+    """Tokens sampled after intermediate chunks are discarded without using up a random draw or
+    entering the penalty counts, while another request decodes in the same forwards."""
+    params = SamplingParams(do_sample=True, seed=5, temperature=1.5, repetition_penalty=1.8)
+
+    def run(max_prefill: int | None, chunk_len: int | None) -> Outputs:
+        runner.set_max_prefill_tokens(max_prefill)
+        pool = BlockPool()
+        outputs = Outputs()
+        decoding = make_request(pool, 1, PROMPTS[0], max_new_tokens=12, sampling=SAMPLING[1])
+        batch = step(runner, shard_batch(runner, 0, [decoding]), outputs)
+        sampled = make_request(pool, 0, LONG_PROMPT, max_new_tokens=8, sampling=params, chunk_len=chunk_len)
+        run_to_end(runner, ShardBatch.concatenate([batch, shard_batch(runner, 1, [sampled])]), outputs)  # type: ignore[list-item]
+        return outputs
+
+    whole, chunked = run(None, None), run(14, 13)
+    assert chunked.ids(0) == whole.ids(0)
+    assert chunked.ids(1) == whole.ids(1)
+
+
 def test_prompt_logprobs_with_a_cached_prefix(runner: ModelRunner, hf_model: torch.nn.Module) -> None:
     """A request whose first block comes from the cache (cache_len 16) gets NaN for those tokens and
     for the first computed one, then transformers' values, and the same tokens as a full prefill."""
