@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "tgictl.commands.profile",
     "tgictl.commands.shard",
     "tgictl.commands.router",
+    "tgictl.commands.launch",
 )
 
 
