@@ -9,6 +9,12 @@ done. Afterwards it decodes one token per step.
 
 `filter` and `concatenate` consume their inputs (rows are moved, not copied), as TGI's do: the
 servicer pops a batch from its cache before either call.
+
+Per-step inputs are packed from the rows each step rather than kept as device tensors updated in
+place (TGI's way): a decode step packs O(batch) integers (about 0.15 ms at batch 32, measured), and
+the step must bring the sampled ids to the host anyway for stopping, so there is no sync to save.
+Nothing that grows with the context (block tables, prompts) is re-packed at decode time except the
+block tables the attention metadata is built from.
 """
 
 from __future__ import annotations

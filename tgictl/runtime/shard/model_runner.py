@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from tgictl.errors import ConfigError
-from tgictl.kernels.metadata import build_attention_metadata
+from tgictl.kernels.metadata import AttentionMetadata
 from tgictl.proto.messages import GeneratedText, Generation, Timings, Tokens
 from tgictl.runtime.shard.batch import RowState, ShardBatch, StepInputs
 from tgictl.runtime.shard.dist import DistContext
@@ -68,8 +68,8 @@ class ModelRunner:
 
     def forward(self, inputs: StepInputs) -> Tensor:
         """Logits [n, V] float32 at `inputs.logit_indices`; writes the new tokens' K/V."""
-        meta = build_attention_metadata(
-            inputs.cache_lens, inputs.new_lens, [list(t) for t in inputs.block_tables], self.block_size, self.device
+        meta = AttentionMetadata.build(
+            inputs.cache_lens, inputs.new_lens, inputs.block_tables, self.block_size, self.device
         )
         with torch.inference_mode():
             return self.model.forward(
@@ -87,17 +87,18 @@ class ModelRunner:
         with torch.inference_mode():
             chosen = batch.chooser(sample_logits, batch.history, steps)
         emits = [row.cache_len + row.chunk_len >= row.prompt_len for row in rows]
+        # Every rank computes every row; only rank 0 reports (generate.proto), so only it needs the
+        # top-n lists and prompt logprobs. The others keep the rows' state in step.
+        reports = self.dist.rank == 0
         top_n = [row.request.top_n_tokens if emit else 0 for row, emit in zip(rows, emits)]
-        top = top_n_tokens(chosen.log_probs, top_n) if any(top_n) and self.dist.rank == 0 else None
-        prompt_lps = self._prompt_logprobs(logits, inputs, rows)
+        top = top_n_tokens(chosen.log_probs, top_n) if reports and any(top_n) else None
+        prompt_lps = self._prompt_logprobs(logits, inputs, rows) if reports else {}
         next_ids: list[int] = chosen.next_ids.tolist()  # the step's one device sync
         next_lps: list[float] = chosen.logprobs.tolist()
         forward_done = time.perf_counter_ns()
 
         _count_emitted(batch.history, chosen.next_ids, emits)
         generations: list[Generation] = []
-        # Every rank computes every row; only rank 0 reports (generate.proto), the others keep state.
-        reports = self.dist.rank == 0
         any_running = False
         for b, row in enumerate(rows):
             if b in prompt_lps:
@@ -177,7 +178,7 @@ class ModelRunner:
     def health(self) -> bool:
         """A real one-token forward writing only block 0 (reserved for probes, DESIGN decision 3)."""
         zeros = torch.zeros(1, dtype=torch.int64, device=self.device)
-        meta = build_attention_metadata([0], [1], [[0]], self.block_size, self.device)
+        meta = AttentionMetadata.build([0], [1], [[0]], self.block_size, self.device)
         with torch.inference_mode():
             logits = self.model.forward(zeros, zeros, zeros, self.kv_cache, meta, zeros)
         return bool(torch.isfinite(logits).all().item())
