@@ -96,6 +96,20 @@ def test_missing_tensor_names_it(sharded_dir: Path) -> None:
             weights.get("lm_head.weight")
 
 
+def test_single_file_checkpoint_ignores_other_safetensors(tmp_path: Path) -> None:
+    save_file({"w": torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    save_file({"layers.0.wq": torch.ones(2)}, str(tmp_path / "consolidated.safetensors"))
+    with Weights(tmp_path, dtype=torch.float32, device=CPU, dist=DistContext.single()) as weights:
+        assert weights.names() == ["w"]
+
+
+def test_a_tensor_in_two_files_is_ambiguous(tmp_path: Path) -> None:
+    save_file({"w": torch.ones(2)}, str(tmp_path / "a.safetensors"))
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(ConfigError, match="'w' is in both a.safetensors and b.safetensors"):
+        Weights(tmp_path, dtype=torch.float32, device=CPU, dist=DistContext.single())
+
+
 def test_directory_without_safetensors_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="no \\*.safetensors files"):
@@ -106,3 +120,25 @@ def test_index_naming_a_missing_file_is_a_config_error(sharded_dir: Path) -> Non
     (sharded_dir / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ConfigError, match="model-00002-of-00002.safetensors"):
         Weights(sharded_dir, dtype=torch.float32, device=CPU, dist=DistContext.single())
+
+
+def test_sharded_checkpoint_loads_the_same_model(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A checkpoint saved in several files (with an index) gives the same logits as the single file."""
+    from transformers import AutoModelForCausalLM
+
+    from tgictl.kernels import build_attention_metadata
+    from tgictl.runtime.shard.models.registry import load_model
+
+    source = tiny_model_dirs["qwen3"]
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(source).save_pretrained(sharded, max_shard_size="100KB")
+    (sharded / "config.json").write_text((source / "config.json").read_text())
+    assert (sharded / INDEX_FILE).is_file() and len(list(sharded.glob("*.safetensors"))) > 2
+    ids = torch.tensor([5, 17, 200, 3, 9])
+    logits = []
+    for model_dir in (source, sharded):
+        model = load_model(model_dir, dtype=torch.float32, device=CPU, dist=DistContext.single())
+        cache = model.allocate_kv_cache(4, 16)
+        meta = build_attention_metadata([0], [5], [[1]], 16, CPU)
+        logits.append(model(ids, torch.arange(5), torch.arange(16, 21), cache, meta, torch.arange(5)))
+    assert torch.equal(logits[0], logits[1])

@@ -2,8 +2,8 @@
 
 `safe_open` maps each file; `get_slice(name)[a:b]` copies only the requested rows (or columns) out
 of the mapping, so a tensor-parallel rank never materialises the other ranks' parts. Sharded
-checkpoints are found through `model.safetensors.index.json`; without an index every
-`*.safetensors` file in the directory is opened.
+checkpoints are found through `model.safetensors.index.json`; without an index, `model.safetensors`
+alone, else every `*.safetensors` file in the directory.
 """
 
 from __future__ import annotations
@@ -45,11 +45,20 @@ class Weights:
         self._stack = ExitStack()
         self._handles: dict[str, Any] = {}  # file name -> safe_open handle
         self._file_of: dict[str, str] = {}  # tensor name -> file name
-        for file_name in _checkpoint_files(self.model_dir):
-            handle = self._stack.enter_context(safe_open(str(self.model_dir / file_name), framework="pt", device="cpu"))
-            self._handles[file_name] = handle
-            for name in handle.keys():
-                self._file_of[name] = file_name
+        try:
+            for file_name in _checkpoint_files(self.model_dir):
+                self._open(file_name)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, file_name: str) -> None:
+        handle = self._stack.enter_context(safe_open(str(self.model_dir / file_name), framework="pt", device="cpu"))
+        self._handles[file_name] = handle
+        for name in handle.keys():
+            if name in self._file_of:
+                raise ConfigError(f"tensor {name!r} is in both {self._file_of[name]} and {file_name}")
+            self._file_of[name] = file_name
 
     def __enter__(self) -> Weights:
         return self
@@ -76,7 +85,7 @@ class Weights:
         return tuple(self._slice(name).get_shape())
 
     def _convert(self, tensor: Tensor) -> Tensor:
-        return tensor.to(dtype=self.dtype).to(self.device)
+        return tensor.to(device=self.device, dtype=self.dtype)
 
     def get(self, name: str) -> Tensor:
         """The whole tensor (replicated weights: norms, biases of row-parallel layers)."""
@@ -115,6 +124,10 @@ def _checkpoint_files(model_dir: Path) -> list[str]:
         if missing:
             raise ConfigError(f"{index} names files that do not exist: {', '.join(missing)}")
         return files
+    if (model_dir / "model.safetensors").is_file():
+        # The HF single-file name; other *.safetensors next to it (e.g. Mistral's consolidated.safetensors,
+        # another naming scheme) are not part of this checkpoint.
+        return ["model.safetensors"]
     files = sorted(p.name for p in model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"no *.safetensors files in {model_dir} (convert .bin/.pt or GGUF checkpoints first)")
