@@ -191,8 +191,9 @@ def top_n_tokens(log_probs: Tensor, top_n: Sequence[int]) -> list[tuple[list[int
         return result
     index = torch.tensor(wanted, device=log_probs.device)
     rows = log_probs.index_select(0, index)  # [W, V]
-    n = torch.tensor([min(top_n[r], vocab) for r in wanted], device=log_probs.device).unsqueeze(1)
-    best = rows.topk(int(n.max()), dim=-1).values  # [W, n_max]
+    host_n = [min(top_n[r], vocab) for r in wanted]
+    n = torch.tensor(host_n, device=log_probs.device).unsqueeze(1)  # [W, 1]
+    best = rows.topk(max(host_n), dim=-1).values  # [W, n_max]
     threshold = best.gather(1, n - 1)  # [W, 1]: the n-th best logprob
     counts = (rows >= threshold).sum(dim=1)  # [W] with ties
     width = int(counts.max())
