@@ -159,10 +159,6 @@ class ShardBatch:
     def request_ids(self) -> tuple[int, ...]:
         return tuple(row.request.id for row in self.rows)
 
-    @property
-    def prefilling(self) -> bool:
-        return any(row.prefilling for row in self.rows)
-
     def to_cached(self) -> CachedBatch:
         return CachedBatch(
             id=self.id,
