@@ -52,6 +52,8 @@ class ServiceClient(ShardClient, Protocol):
 class ShuttingDownError(UnhealthyError):
     """New requests while draining, and requests still running when the graceful timeout ends."""
 
+    error_type = "shutting_down"
+
     def __init__(self, message: str = "the server is shutting down") -> None:
         super().__init__(message)
 
