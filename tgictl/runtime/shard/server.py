@@ -77,13 +77,16 @@ def check_socket_path(path: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"{path} exists and is not a socket; remove it or choose another --uds-path")
+        raise ConfigError(f"{path} exists and is not a socket; remove it or choose another --uds-path") from None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)  # a live server with a full backlog must not hang the start
         try:
             probe.connect(str(path))
-        except OSError:  # refused (nobody listens) or gone meanwhile: stale
+        except (ConnectionRefusedError, FileNotFoundError):  # nobody listens, or gone meanwhile: stale
             log.info("replacing the stale socket %s", path)
             return
+        except OSError as err:
+            raise ConfigError(f"cannot tell whether {path} is in use ({err}); remove it or choose another --uds-path") from None
     raise ConfigError(f"another server is already listening on {path}; stop it or choose another --uds-path")
 
 

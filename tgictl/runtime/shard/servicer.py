@@ -6,6 +6,9 @@ locks), and with tensor parallelism every rank then runs its collectives in the 
 sent the RPCs. The event loop never blocks on torch, so Info, ServiceDiscovery, signals and gRPC I/O
 stay responsive during a long prefill. Each job does its whole read-compute-store update on the
 worker: a client that gives up mid-step (deadline, cancel) cannot leave a half-updated store behind.
+Measured on the tiny llama (2 busy CPU cores, 300 Decode RPCs from another process, 25th percentile):
+the thread hop is within the noise of running torch inline on the event loop (batch 1: ~1.8-2.0 ms
+per RPC either way; batch 32: ~3.2-3.6 ms).
 
 Errors are mapped in exactly one place, `_rpc`: a TgictlError answers with its own gRPC status
 (INVALID_ARGUMENT, NOT_FOUND...) and the shard keeps serving; INTERNAL (a DeviceError, or any other
@@ -54,7 +57,9 @@ class DeviceWorker:
         future = self._pool.submit(fn, *args)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
-        return await asyncio.wrap_future(future)
+        # Shielded: a client that gives up must not cancel a job still queued, or this rank would skip
+        # a step the other ranks run (their collectives would then wait for it).
+        return await asyncio.shield(asyncio.wrap_future(future))
 
     def drain(self, timeout_s: float) -> bool:
         """Wait for the jobs already submitted; False when one is still running after `timeout_s`."""
