@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 from shard_helpers import BlockPool, make_request
 
-from tgictl.errors import ConfigError, InvalidRequestError
+from tgictl.errors import ConfigError, DeviceError, InvalidRequestError
 from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams, WarmupRequest
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.runtime import ShardRuntime
@@ -125,4 +126,19 @@ def test_warmup_sizes_the_cache_and_the_runtime_serves_after_it(tiny_model_dir: 
     assert batch is not None
     generations, batch, _ = runtime.decode([batch.filter([2])])
     assert [g.request_id for g in generations] == [2] and batch is not None
+    runtime.health()
+
+
+def test_a_budget_below_two_blocks_fails_and_leaves_the_shard_healthy(tiny_model_dir: Path) -> None:
+    runtime = ShardRuntime.load(
+        tiny_model_dir, "float32", "cpu", DistContext.single(), block_size=16,
+        kv_cache_memory=TINY_BYTES_PER_BLOCK_F32 * 2 - 1,
+    )
+    with pytest.raises(DeviceError, match="holds 1 blocks of 8192 bytes; at least 2 are needed"):
+        runtime.warmup(WarmupRequest(batch=probe_batch([10]), max_prefill_tokens=16))
+    assert runtime.runner.kv_cache.num_blocks == 1
+    runtime.health()
+    with pytest.raises(InvalidRequestError, match="token ids must be in 0 .. 511"):
+        bad = Batch(id=0, requests=(dataclasses.replace(probe_batch([4]).requests[0], input_ids=(1, 512)),))
+        runtime.warmup(WarmupRequest(batch=bad, max_prefill_tokens=16))
     runtime.health()

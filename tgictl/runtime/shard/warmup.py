@@ -138,52 +138,73 @@ def warmup(
     bytes_per_block: int,
     max_position_embeddings: int,
 ) -> WarmupResult:
-    """Probe, size and re-allocate `runner`'s KV cache; `make_cache(num_blocks)` allocates one."""
+    """Probe, size and re-allocate `runner`'s KV cache; `make_cache(num_blocks)` allocates one.
+
+    On any failure the runner is left with a one-block cache (block 0: health probes keep working).
+    """
     if request.max_prefill_tokens < 1:
         raise ConfigError(f"max_prefill_tokens must be >= 1, got {request.max_prefill_tokens}")
-    block_size = runner.block_size
     runner.set_max_prefill_tokens(request.max_prefill_tokens)
-    probe, probe_blocks = assign_probe_blocks(request.batch, block_size)
+    try:
+        probe_blocks = _probe(runner, request.batch, make_cache)
+        budget = _budget(runner, settings, probe_blocks * bytes_per_block)
+        num_blocks = budget // bytes_per_block
+        if num_blocks < 2:
+            raise DeviceError(
+                f"the KV cache budget of {budget} bytes holds {num_blocks} blocks of {bytes_per_block} bytes; "
+                "at least 2 are needed (block 0 is reserved): raise kv_cache_memory or free memory"
+            )
+        max_input, max_total = default_limits(
+            num_blocks, runner.block_size, max_position_embeddings, request.max_input_tokens, request.max_total_tokens
+        )
+        try:
+            runner.kv_cache = make_cache(num_blocks)
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+            if not _out_of_memory(exc):
+                raise
+            raise DeviceError(f"cannot allocate a KV cache of {num_blocks} blocks ({budget} bytes): {exc}") from exc
+    except BaseException:
+        if runner.kv_cache is None:
+            runner.kv_cache = make_cache(1)
+        raise
+    return WarmupResult(
+        max_supported_total_tokens=num_blocks * runner.block_size,
+        max_input_tokens=max_input,
+        max_total_tokens=max_total,
+    )
+
+
+def _probe(runner: ModelRunner, batch: Batch, make_cache: Callable[[int], KVCache]) -> int:
+    """One full step of the probe batch on a cache of exactly its blocks; returns that block count."""
+    probe, probe_blocks = assign_probe_blocks(batch, runner.block_size)
     _release(runner)
-    prefill_tokens = sum(len(r.input_ids) for r in probe.requests)
     try:
         runner.kv_cache = make_cache(probe_blocks)
-        batch = ShardBatch.from_batch(
-            probe, block_size=block_size, num_blocks=probe_blocks, vocab_size=runner.vocab_size, device=runner.device
+        shard_batch = ShardBatch.from_batch(
+            probe,
+            block_size=runner.block_size,
+            num_blocks=probe_blocks,
+            vocab_size=runner.vocab_size,
+            device=runner.device,
         )
-        runner.generate_token(batch)
+        runner.generate_token(shard_batch)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
         if not _out_of_memory(exc):
             raise
+        prefill_tokens = sum(len(r.input_ids) for r in probe.requests)
         raise DeviceError(
             f"Not enough memory to handle {prefill_tokens} prefill tokens. "
             f"You need to decrease `--max-batch-prefill-tokens` ({exc})"
         ) from exc
+    return probe_blocks
 
+
+def _budget(runner: ModelRunner, settings: KVMemorySettings, probe_cache_bytes: int) -> int:
+    """Bytes the KV cache may take; leaves the runner without a cache."""
     if runner.device.type == "cuda":
+        # Measured with the probe cache still allocated: its bytes count as available (TGI).
         free, total = torch.cuda.mem_get_info(runner.device)
-        budget = cuda_kv_budget(free, total, probe_blocks * bytes_per_block, settings)
         _release(runner)
-    else:
-        _release(runner)
-        budget = cpu_kv_budget(discover_cpu().available_memory_bytes, settings.kv_cache_memory)
-    num_blocks = budget // bytes_per_block
-    if num_blocks < 2:
-        raise DeviceError(
-            f"the KV cache budget of {budget} bytes holds {num_blocks} blocks of {bytes_per_block} bytes; "
-            "at least 2 are needed (block 0 is reserved): raise kv_cache_memory or free memory"
-        )
-    max_input, max_total = default_limits(
-        num_blocks, block_size, max_position_embeddings, request.max_input_tokens, request.max_total_tokens
-    )
-    try:
-        runner.kv_cache = make_cache(num_blocks)
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        if not _out_of_memory(exc):
-            raise
-        raise DeviceError(f"cannot allocate a KV cache of {num_blocks} blocks ({budget} bytes): {exc}") from exc
-    return WarmupResult(
-        max_supported_total_tokens=num_blocks * block_size,
-        max_input_tokens=max_input,
-        max_total_tokens=max_total,
-    )
+        return cuda_kv_budget(free, total, probe_cache_bytes, settings)
+    _release(runner)
+    return cpu_kv_budget(discover_cpu().available_memory_bytes, settings.kv_cache_memory)
