@@ -16,13 +16,12 @@ from torch import Tensor
 
 from tgictl.errors import ConfigError
 from tgictl.kernels.metadata import AttentionMetadata
-from tgictl.proto.messages import GeneratedText, Generation, Timings, Tokens
+from tgictl.proto.messages import FinishReason, GeneratedText, Generation, Timings, Tokens
 from tgictl.runtime.shard.batch import RowState, ShardBatch, StepInputs
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.base import CausalLM
-from tgictl.runtime.shard.sampling import top_n_tokens
-from tgictl.runtime.shard.token_history import TokenHistory
+from tgictl.runtime.shard.sampling import TokenHistory, top_n_tokens
 from tgictl.runtime.shard.stopping import finish_reason
 
 
@@ -93,7 +92,7 @@ class ModelRunner:
         top_n = [row.request.top_n_tokens if emit else 0 for row, emit in zip(rows, emits)]
         top = top_n_tokens(chosen.log_probs, top_n) if reports and any(top_n) else None
         prompt_lps = self._prompt_logprobs(logits, inputs, rows) if reports else {}
-        next_ids: list[int] = chosen.next_ids.tolist()  # the step's one device sync
+        next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
         next_lps: list[float] = chosen.logprobs.tolist()
         forward_done = time.perf_counter_ns()
 
@@ -109,30 +108,15 @@ class ModelRunner:
                 continue
             first = row.generated == 0
             row.generated += 1
-            token = next_ids[b]
-            row.all_ids.append(token)
-            request = row.request
+            row.all_ids.append(next_ids[b])
+            stopping = row.request.stopping
             reason = finish_reason(
-                row.generated, token, request.stopping.max_new_tokens, request.stopping.ignore_eos, self.eos_token_ids
+                row.generated, next_ids[b], stopping.max_new_tokens, stopping.ignore_eos, self.eos_token_ids
             )
             any_running |= reason is None
-            if not reports:
-                continue
-            generations.append(
-                Generation(
-                    request_id=request.id,
-                    tokens=Tokens(ids=(token,), logprobs=(next_lps[b],)),
-                    prefill_tokens=self._prefill_tokens(row) if first else None,
-                    top_tokens=() if top is None or not top_n[b] else (_tokens(top[b]),),
-                    generated_text=None
-                    if reason is None
-                    else GeneratedText(
-                        generated_tokens=row.generated,
-                        finish_reason=reason,
-                        seed=request.sampling.seed if request.sampling.samples else None,
-                    ),
-                )
-            )
+            if reports:
+                top_tokens = () if top is None or not top_n[b] else (_tokens(top[b]),)
+                generations.append(_generation(row, next_lps[b], first, top_tokens, reason))
         for row, length in zip(rows, next_chunk_lengths(rows, self.max_prefill_tokens)):
             row.chunk_len = length
         end = time.perf_counter_ns()
@@ -169,12 +153,6 @@ class ModelRunner:
             at += count
         return out
 
-    @staticmethod
-    def _prefill_tokens(row: RowState) -> Tokens | None:
-        if row.prompt_logprobs is None:
-            return None
-        return Tokens(ids=tuple(row.request.input_ids), logprobs=tuple(row.prompt_logprobs))
-
     def health(self) -> bool:
         """A real one-token forward writing only block 0 (reserved for probes, DESIGN decision 3)."""
         zeros = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -182,6 +160,27 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.model.forward(zeros, zeros, zeros, self.kv_cache, meta, zeros)
         return bool(torch.isfinite(logits).all().item())
+
+
+def _generation(
+    row: RowState, logprob: float, first: bool, top_tokens: tuple[Tokens, ...], reason: FinishReason | None
+) -> Generation:
+    """What `row` reports for the token it just appended to all_ids."""
+    request = row.request
+    prefill = None
+    if first and row.prompt_logprobs is not None:
+        prefill = Tokens(ids=request.input_ids, logprobs=tuple(row.prompt_logprobs))
+    done = None
+    if reason is not None:
+        seed = request.sampling.seed if request.sampling.samples else None
+        done = GeneratedText(generated_tokens=row.generated, finish_reason=reason, seed=seed)
+    return Generation(
+        request_id=request.id,
+        tokens=Tokens(ids=(row.all_ids[-1],), logprobs=(logprob,)),
+        prefill_tokens=prefill,
+        top_tokens=top_tokens,
+        generated_text=done,
+    )
 
 
 def _count_emitted(history: TokenHistory, next_ids: Tensor, emits: list[bool]) -> None:
