@@ -1,0 +1,131 @@
+"""The arithmetic of `tgictl bench`: percentiles, latency summaries, SLOs and goodput.
+
+Pure functions on plain numbers (no numpy, no I/O), so every figure the report prints can be checked
+by hand in a unit test. Times are seconds throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tgictl.errors import ConfigError
+
+# The SLO keys `--slo` accepts, each bounding one per-request figure (seconds).
+SLO_KEYS: tuple[str, ...] = ("ttft", "tpot", "e2e")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0 <= q <= 100) with linear interpolation between closest ranks.
+
+    This is numpy's default ("linear", Hyndman & Fan type 7): rank r = q/100 * (n - 1) over the sorted
+    values, interpolated between floor(r) and ceil(r). NaN for an empty sequence, so a run without a
+    single decoded token still reports (instead of raising in the middle of a sweep).
+    """
+    if not 0.0 <= q <= 100.0:
+        raise ConfigError(f"percentile must be in [0, 100], got {q}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = q / 100.0 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    fraction = rank - low
+    return ordered[low] + (ordered[high] - ordered[low]) * fraction
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Mean and the percentiles the report shows for one latency figure (NaN when no sample)."""
+
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        mean = math.fsum(values) / len(values) if values else math.nan
+        return cls(len(values), mean, percentile(values, 50), percentile(values, 90), percentile(values, 99))
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        # JSON has no NaN: an empty distribution is written as nulls.
+        def clean(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return {"count": self.count, "mean": clean(self.mean), "p50": clean(self.p50), "p90": clean(self.p90),
+                "p99": clean(self.p99)}
+
+
+def inter_token_latencies(token_times: Sequence[float]) -> list[float]:
+    """Gaps between consecutive token arrivals (seconds since the request was sent, in order)."""
+    return [b - a for a, b in zip(token_times, token_times[1:])]
+
+
+def time_per_output_token(ttft: float, e2e: float, output_tokens: int) -> float | None:
+    """TPOT: the decode time spread over the tokens after the first, (e2e - ttft) / (n - 1).
+
+    None for n <= 1: a request with a single token has no decode phase to measure.
+    """
+    if output_tokens <= 1:
+        return None
+    return (e2e - ttft) / (output_tokens - 1)
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """`ttft=0.5,tpot=0.05` → {"ttft": 0.5, "tpot": 0.05}; keys from SLO_KEYS, values seconds > 0."""
+    slo: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SLO_KEYS:
+            raise ConfigError(f"--slo entries must be KEY=SECONDS with KEY one of {', '.join(SLO_KEYS)}, got {item!r}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"--slo {key} must be a number of seconds, got {raw.strip()!r}") from None
+        if not value > 0 or math.isinf(value):
+            raise ConfigError(f"--slo {key} must be > 0 seconds, got {raw.strip()!r}")
+        if key in slo:
+            raise ConfigError(f"--slo gives {key} twice")
+        slo[key] = value
+    if not slo:
+        raise ConfigError(f"--slo needs at least one of {', '.join(SLO_KEYS)}, got {text!r}")
+    return slo
+
+
+def meets_slo(figures: Mapping[str, float | None], slo: Mapping[str, float]) -> bool:
+    """Whether one successful request meets every bound. A figure the request does not have (TPOT of
+    a one-token answer) cannot break its bound."""
+    for key, bound in slo.items():
+        value = figures.get(key)
+        if value is not None and value > bound:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Requests that succeeded within every SLO, as a count, a rate over the run and a share of all."""
+
+    good_requests: int
+    requests_per_s: float
+    fraction: float  # of every request sent in the run (failures count as missed)
+
+
+def goodput(request_figures: Sequence[Mapping[str, float | None]], failed: int, slo: Mapping[str, float],
+            duration_s: float) -> Goodput:
+    """`request_figures`: one mapping (ttft, tpot, e2e) per successful request."""
+    good = sum(1 for figures in request_figures if meets_slo(figures, slo))
+    total = len(request_figures) + failed
+    rate = good / duration_s if duration_s > 0 else math.nan
+    return Goodput(good, rate, good / total if total else math.nan)
+
+
+def rate(count: float, duration_s: float) -> float:
+    """count per second; NaN when the run took no measurable time."""
+    return count / duration_s if duration_s > 0 else math.nan
