@@ -147,3 +147,15 @@ def test_a_bad_model_id_fails_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("Error: model 'nobody/no-such-model' is not in the Hugging Face cache")
     assert result.stdout == ""
     assert "started" not in result.stderr
+
+
+def test_heads_that_cannot_be_split_fail_before_any_process_starts(tiny_model_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("TGICTL_LOG_LEVEL", "TGICTL_JSON_OUTPUT", "LOG_LEVEL")}
+    env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "tgictl", "--log-level", "warning", "launch", "--model-id", str(tiny_model_dir),
+         "--num-shard", "3"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == "Error: num_attention_heads=4 is not divisible by num_shard=3\n"

@@ -31,7 +31,8 @@ from types import FrameType
 from tgictl.config import HubConfig, LaunchConfig, LogConfig
 from tgictl.env import Env
 from tgictl.errors import ConfigError, TgictlError
-from tgictl.runtime.hub import resolve_model
+from tgictl.runtime.budgets import kv_heads_per_shard, model_shape
+from tgictl.runtime.hub import load_model_config, resolve_model
 from tgictl.runtime.launcher_plan import LaunchPlan, build_plan, free_port
 from tgictl.runtime.launcher_process import ChildProcess, describe_exit
 
@@ -259,6 +260,8 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
     """
     model_dir = resolve_model(config.model_id, config.revision, hub=HubConfig.from_env(env))
     log.info("model %s: %s", config.model_id, model_dir)
+    # Fail in milliseconds, not after N processes loaded torch, when the heads cannot be split.
+    kv_heads_per_shard(model_shape(load_model_config(model_dir)), config.num_shard)
     private_dir: Path | None = None
     if config.shard_uds_path is None:
         # mkdtemp creates it 0700 with a fresh name: private, and never shared with another launch.
