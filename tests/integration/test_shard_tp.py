@@ -22,6 +22,7 @@ from shard_procs import Blocks, Oracle, ShardConn, ShardProc, free_port, health_
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.messages import Batch, PrefillRequest, SamplingParams, StepResult, WarmupRequest, WarmupResult
+from tgictl.runtime.router.client import ShardedClient
 
 WARMUP = WarmupRequest(batch=warmup_batch(64), max_prefill_tokens=64)
 
@@ -117,6 +118,32 @@ def test_ranks_answer_identically_and_match_one_shard(pair: Pair) -> None:
     merged_step = _check_step(conn.all("Decode", merged), oracle.decode([1, 2]))
     assert merged_step.batch is not None and merged_step.batch.request_ids == (2, 3)
     conn.all("ClearCache", pb.ClearCacheRequest())
+
+
+def test_the_router_client_discovers_both_ranks_and_merges_their_answers(pair: Pair) -> None:
+    """The router's own ShardedClient, given only rank 0's socket, as `tgictl router` would be."""
+    blocks = Blocks()
+    batch = Batch(id=7, requests=(blocks.request(20, (11, 12, 13, 14), 3, SamplingParams(temperature=0.5, seed=5)),))
+
+    async def drive() -> tuple[tuple[str, ...], list[StepResult]]:
+        client = await ShardedClient.connect(str(pair.procs[0].socket_path))
+        try:
+            await client.health()
+            await client.clear_cache(None)
+            steps = [await client.prefill(batch, None)]
+            while steps[-1].batch is not None:
+                steps.append(await client.decode([steps[-1].batch]))
+            return client.urls, steps
+        finally:
+            await client.close()
+
+    urls, steps = pair.conn.run(drive())
+    assert urls == tuple(f"unix://{pair.uds_base}-{r}" for r in range(2))
+    local = [pair.oracle.prefill(batch)]
+    while local[-1].batch is not None:
+        local.append(pair.oracle.decode([7]))
+    assert [_tokens(s) for s in steps] == [_tokens(s) for s in local]
+    assert len(steps) == 3  # max_new_tokens 3: the last step finishes the request and returns no batch
 
 
 def test_a_failed_collective_is_internal_and_ends_the_rank(pair: Pair) -> None:
