@@ -3,7 +3,8 @@ APIs share."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,18 @@ async def collect(events: AsyncIterator[StreamEvent]) -> Outcome:
         elif isinstance(event, ErrorEvent):
             raise event.error
     raise IncompleteGenerationError()
+
+
+async def collect_all(streams: Sequence[AsyncIterator[StreamEvent]]) -> list[Outcome]:
+    """Every stream to its end, concurrently; the first failure cancels the others (and so their
+    generations) before it is raised."""
+    tasks = [asyncio.ensure_future(collect(stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def token_dict(token: TokenInfo) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from tgictl import __version__
 from tgictl.errors import TgictlError, ValidationError
-from tgictl.runtime.router.generation import OPENAI_FINISH_REASONS, Outcome, collect
+from tgictl.runtime.router.generation import OPENAI_FINISH_REASONS, Outcome, collect_all
 from tgictl.runtime.router.request import EndEvent, ErrorEvent, StreamEvent, TokenEvent, TokenInfo
 from tgictl.runtime.router.responses import SSEResponse, TgiJSONResponse, sse, until_disconnect
 from tgictl.runtime.router.schemas_openai import ChatRequest, CompletionRequest, SamplingFields
@@ -163,7 +163,7 @@ class _Run:
             events = self._events(jobs, streams, chunk, chunk_object, body.include_usage())
             return SSEResponse(events, on_close=release)
         try:
-            outcomes = await until_disconnect(http, asyncio.gather(*(collect(s) for s in streams)))
+            outcomes = await until_disconnect(http, collect_all(streams))
         finally:
             release()
         if outcomes is None:
@@ -207,6 +207,17 @@ class _Run:
             await merged.aclose()
 
 
+def continue_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
+    """A conversation ending with an assistant message is continued, not answered (TGI): the
+    rendered prompt stops right after that message's content, without its end-of-turn."""
+    last = messages[-1]
+    content = last.get("content")
+    if last.get("role") != "assistant" or not isinstance(content, str) or not content:
+        return text
+    end = text.rfind(content)
+    return text if end < 0 else text[: end + len(content)].rstrip()
+
+
 def _check_choices(service: RouterService, count: int) -> None:
     limit = service.config.max_client_batch_size
     if count > limit:
@@ -226,7 +237,8 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
         if body.n < 1:
             raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
         _check_choices(service, body.n)
-        text = await service.render_chat([m.template_dict() for m in body.messages], body.tools)
+        messages = [m.template_dict() for m in body.messages]
+        text = continue_final_message(await service.render_chat(messages, body.tools), messages)
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         jobs = [
             Job(0, i, body.generation_input(text, max_new_tokens=body.max_new_tokens(), top_n_tokens=top_n,

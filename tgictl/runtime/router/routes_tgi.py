@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -16,7 +15,7 @@ from tgictl.errors import TgictlError
 from tgictl.runtime.router.generation import (
     TGI_FINISH_REASONS,
     Outcome,
-    collect,
+    collect_all,
     prefill_dict,
     tgi_text,
     token_dict,
@@ -77,8 +76,8 @@ async def _generate(
         for _ in range(best_of):  # each sequence holds its own permit, as in TGI
             admissions.append(service.admit())
         validated = [await service.validate(a, request) for a in admissions]
-        work = asyncio.gather(*(collect(service.stream(a, v)) for a, v in zip(admissions, validated)))
-        outcomes = await until_disconnect(http, work)
+        streams = [service.stream(a, v) for a, v in zip(admissions, validated)]
+        outcomes = await until_disconnect(http, collect_all(streams))
     finally:
         for admission in admissions:
             admission.release()
