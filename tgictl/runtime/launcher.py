@@ -253,6 +253,13 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def _usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask, which a container or taskset narrows)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Mapping[str, str]) -> None:
     """Resolve the model, then run shards and router until a signal (returns) or a failure (raises).
 
@@ -272,7 +279,7 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
         prepare_socket_dir(uds_base.parent)
     try:
         master_port = config.master_port if config.master_port is not None else free_port()
-        plan = build_plan(config, model_dir, uds_base, log_config, child_env, master_port)
+        plan = build_plan(config, model_dir, uds_base, log_config, child_env, master_port, _usable_cpus())
         log.info("starting %d shard(s) on %s-{rank}, rendezvous %s:%d",
                  config.num_shard, uds_base, config.master_addr, master_port)
         Launcher(plan).run()

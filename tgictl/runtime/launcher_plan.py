@@ -110,11 +110,18 @@ def build_plan(
     log_config: LogConfig,
     base_env: Mapping[str, str],
     master_port: int,
+    cpu_count: int = 1,
 ) -> LaunchPlan:
-    """The command lines for `config`: shards on `{uds_base}-{rank}`, rendezvous on `master_port`."""
+    """The command lines for `config`: shards on `{uds_base}-{rank}`, rendezvous on `master_port`.
+    `cpu_count`: the cores this process may use, shared out among the shards."""
     common = {k: v for k, v in base_env.items() if k not in _RENDEZVOUS_VARS}
     common.update(child_environ(replace(log_config, json_output=True)))
     common["PYTHONUNBUFFERED"] = "1"  # log lines reach the launcher as they are written
+    shard_env = dict(common)
+    if config.num_shard > 1 and "OMP_NUM_THREADS" not in base_env:
+        # Each torch process would start one thread per core; N of them oversubscribe the CPU and
+        # OpenMP's spinning threads then slow every forward (and each collective waits for the slowest).
+        shard_env["OMP_NUM_THREADS"] = str(max(1, cpu_count // config.num_shard))
     tgictl = [sys.executable, "-m", "tgictl"]
     shards = tuple(
         ChildSpec(
@@ -122,7 +129,7 @@ def build_plan(
             rank=rank,
             argv=(*tgictl, "shard", *shard_argv(config, model_dir, uds_base)),
             env={
-                **common,
+                **shard_env,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(config.num_shard),
                 "MASTER_ADDR": config.master_addr,

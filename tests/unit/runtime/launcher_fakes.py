@@ -5,6 +5,7 @@ and can misbehave on request. Each appends what it does to an events file, so te
 
     python launcher_fakes.py shard BASE EVENTS [--load-s S] [--crash-before-ready CODE] [--ignore-term]
     python launcher_fakes.py router PORT EVENTS [--drain-s S] [--exit-after-s S]
+    python launcher_fakes.py launcher DIR      # the real Launcher on two fake shards and a fake router
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the fakes themselves run without tgictl on their path
+    from tgictl.runtime.launcher_plan import LaunchPlan
 
 FAKES = Path(__file__).resolve()
 
@@ -85,6 +91,49 @@ def router(args: argparse.Namespace) -> int:
     return 4
 
 
+def make_plan(
+    tmp_path: Path,
+    shard_flags: list[list[str]],
+    router_flags: Sequence[str] = (),
+    *,
+    graceful_s: float = 10.0,
+    shard_stop_s: float = 5.0,
+    crash_stop_s: float = 2.0,
+    progress_s: float = 5.0,
+) -> tuple[LaunchPlan, Path]:
+    """A plan running these fakes: one shard per entry of `shard_flags`; returns it and the events file."""
+    from tgictl.runtime.launcher_plan import LaunchPlan, free_port
+    from tgictl.runtime.launcher_process import ChildSpec
+
+    events = tmp_path / "events"
+    base = tmp_path / "s"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    shards = tuple(
+        ChildSpec(
+            role="shard",
+            rank=rank,
+            argv=(sys.executable, str(FAKES), "shard", str(base), str(events), *flags),
+            env={**env, "RANK": str(rank), "WORLD_SIZE": str(len(shard_flags)), "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29999"},
+        )
+        for rank, flags in enumerate(shard_flags)
+    )
+    router = ChildSpec(role="router", argv=(sys.executable, str(FAKES), "router", str(port), str(events),
+                                            *router_flags), env=env)
+    plan = LaunchPlan(
+        shards=shards,
+        socket_paths=tuple(Path(f"{base}-{rank}") for rank in range(len(shard_flags))),
+        router=router,
+        router_address=("127.0.0.1", port),
+        graceful_termination_timeout_s=graceful_s,
+        shard_stop_timeout_s=shard_stop_s,
+        crash_stop_timeout_s=crash_stop_s,
+        progress_interval_s=progress_s,
+    )
+    return plan, events
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
@@ -99,7 +148,14 @@ def main() -> int:
     r.add_argument("events", type=Path)
     r.add_argument("--drain-s", type=float, default=0.0)
     r.add_argument("--exit-after-s", type=float, default=None)
+    d = sub.add_parser("launcher", help="run the real Launcher on fakes (needs tgictl on PYTHONPATH)")
+    d.add_argument("dir", type=Path)
     args = parser.parse_args()
+    if args.role == "launcher":
+        from tgictl.runtime.launcher import Launcher
+
+        Launcher(make_plan(args.dir, [[], []])[0]).run()
+        return 0
     return shard(args) if args.role == "shard" else router(args)
 
 

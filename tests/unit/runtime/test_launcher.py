@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -16,51 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from launcher_fakes import FAKES
+from launcher_fakes import FAKES, make_plan
 
 from tgictl.errors import ConfigError
 from tgictl.runtime.launcher import ChildFailedError, Launcher, clear_stale_socket, prepare_socket_dir
-from tgictl.runtime.launcher_plan import LaunchPlan, free_port
-from tgictl.runtime.launcher_process import ChildSpec
+from tgictl.runtime.launcher_plan import LaunchPlan
 
-
-def make_plan(
-    tmp_path: Path,
-    shard_flags: list[list[str]],
-    router_flags: list[str] = (),  # type: ignore[assignment]
-    *,
-    graceful_s: float = 10.0,
-    shard_stop_s: float = 5.0,
-    crash_stop_s: float = 2.0,
-    progress_s: float = 5.0,
-) -> tuple[LaunchPlan, Path]:
-    events = tmp_path / "events"
-    base = tmp_path / "s"
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    shards = tuple(
-        ChildSpec(
-            role="shard",
-            rank=rank,
-            argv=(sys.executable, str(FAKES), "shard", str(base), str(events), *flags),
-            env={**env, "RANK": str(rank), "WORLD_SIZE": str(len(shard_flags)), "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": "29999"},
-        )
-        for rank, flags in enumerate(shard_flags)
-    )
-    router = ChildSpec(role="router", argv=(sys.executable, str(FAKES), "router", str(port), str(events),
-                                            *router_flags), env=env)
-    plan = LaunchPlan(
-        shards=shards,
-        socket_paths=tuple(Path(f"{base}-{rank}") for rank in range(len(shard_flags))),
-        router=router,
-        router_address=("127.0.0.1", port),
-        graceful_termination_timeout_s=graceful_s,
-        shard_stop_timeout_s=shard_stop_s,
-        crash_stop_timeout_s=crash_stop_s,
-        progress_interval_s=progress_s,
-    )
-    return plan, events
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def read_events(events: Path) -> list[str]:
@@ -228,6 +191,43 @@ def test_progress_is_logged_while_shards_load(tmp_path: Path, caplog: pytest.Log
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for shards")]
     assert progress and all(m.endswith("(pending: shard 1)") for m in progress)
     assert progress[0].startswith("waiting for shards to load: 1/2 ready after ")
+
+
+def test_children_get_sigterm_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the launcher leaves it no chance to clean up; the kernel tells the children."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    driver = subprocess.Popen([sys.executable, str(FAKES), "launcher", str(tmp_path)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    events = tmp_path / "events"
+    pids: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 30
+        while not router_ready(read_events(events)):
+            assert driver.poll() is None and time.monotonic() < deadline, "the launcher did not start its children"
+            time.sleep(0.05)
+        pids = {label: pid_of(read_events(events), label) for label in ("shard 0", "shard 1", "router")}
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {label: pid_alive(pid) for label, pid in pids.items()} == dict.fromkeys(pids, False)
+        assert {"shard 0 term", "shard 1 term", "router term"} <= set(read_events(events))
+    finally:
+        driver.kill()
+        driver.wait()
+        for pid in pids.values():  # only if the test failed: do not leave orphans behind
+            if pid_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    """Exists and is not a zombie: an orphan's zombie is reaped by init, not by us."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
 
 
 def test_stale_socket_is_removed_and_a_live_one_refused(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ def test_build_plan_gives_each_rank_its_rendezvous_and_the_router_rank_0s_socket
         master_addr="10.0.0.1",
     )  # fmt: skip
     parent_env = {"PATH": "/bin", "RANK": "5", "MASTER_PORT": "1", "TGICTL_JSON_OUTPUT": "0"}
-    plan = build_plan(config, MODEL, BASE, LogConfig(level="debug"), parent_env, master_port=29600)
+    plan = build_plan(config, MODEL, BASE, LogConfig(level="debug"), parent_env, master_port=29600, cpu_count=5)
 
     assert plan.socket_paths == (Path("/tmp/tgictl-test/shard-0"), Path("/tmp/tgictl-test/shard-1"))
     for rank, spec in enumerate(plan.shards):
@@ -79,6 +79,7 @@ def test_build_plan_gives_each_rank_its_rendezvous_and_the_router_rank_0s_socket
         assert spec.env == {
             "PATH": "/bin", "TGICTL_LOG_LEVEL": "debug", "TGICTL_JSON_OUTPUT": "1", "PYTHONUNBUFFERED": "1",
             "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600",
+            "OMP_NUM_THREADS": "2",  # 5 cores shared by 2 shards
         }  # fmt: skip
     assert plan.router.argv == (
         sys.executable, "-m", "tgictl", "router", "--master-shard-uds-path", "/tmp/tgictl-test/shard-0",
@@ -90,6 +91,19 @@ def test_build_plan_gives_each_rank_its_rendezvous_and_the_router_rank_0s_socket
                                "PYTHONUNBUFFERED": "1"}
     assert plan.router_address == ("127.0.0.1", 9001)  # a wildcard bind is probed on loopback
     assert plan.graceful_termination_timeout_s == 7.0
+
+
+def test_shard_threads_are_left_alone_for_one_shard_or_when_set() -> None:
+    one = LaunchConfig(router=router_config(), num_shard=1)
+    two = LaunchConfig(router=router_config(), num_shard=2)
+    log_config = LogConfig()
+    plan = build_plan(one, MODEL, BASE, log_config, {}, master_port=1, cpu_count=8)
+    assert "OMP_NUM_THREADS" not in plan.shards[0].env
+    plan = build_plan(two, MODEL, BASE, log_config, {"OMP_NUM_THREADS": "3"}, master_port=1, cpu_count=8)
+    assert [spec.env["OMP_NUM_THREADS"] for spec in plan.shards] == ["3", "3"]
+    plan = build_plan(two, MODEL, BASE, log_config, {}, master_port=1, cpu_count=1)
+    assert [spec.env["OMP_NUM_THREADS"] for spec in plan.shards] == ["1", "1"]
+    assert "OMP_NUM_THREADS" not in plan.router.env
 
 
 @pytest.mark.parametrize(
