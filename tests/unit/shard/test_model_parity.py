@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from tgictl.errors import UnsupportedModelError
+from tgictl.errors import InvalidRequestError, UnsupportedModelError
 from tgictl.kernels import build_attention_metadata
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
@@ -253,3 +253,17 @@ def test_unknown_model_type_lists_supported_ones(tiny_model_dirs: dict[str, Path
     expected = "'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"
     with pytest.raises(UnsupportedModelError, match=expected):
         _load(model_dir)
+
+
+def test_forward_checks_its_inputs_against_the_metadata(tiny_model_dirs: dict[str, Path]) -> None:
+    model = _load(tiny_model_dirs["llama"])
+    cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
+    meta = build_attention_metadata([0], [3], [[1]], BLOCK_SIZE, CPU)
+    ids, positions, slots = torch.tensor([5, 6, 7]), torch.arange(3), torch.arange(4, 7)
+    with pytest.raises(InvalidRequestError, match="must all be \\[3\\]"):
+        model(ids[:2], positions[:2], slots[:2], cache, meta, torch.tensor([1]))
+    other_block_size = model.allocate_kv_cache(NUM_BLOCKS, 2 * BLOCK_SIZE)
+    with pytest.raises(InvalidRequestError, match="block_size 8"):
+        model(ids, positions, slots, other_block_size, meta, torch.tensor([2]))
+    logits = model(ids, positions, slots, cache, meta, torch.tensor([2]))
+    assert logits.is_inference()  # the forward ran under torch.inference_mode
