@@ -188,6 +188,25 @@ def test_prompt_logprobs_with_a_cached_prefix(runner: ModelRunner, hf_model: tor
     assert list(logprobs[17:]) == pytest.approx(expected, abs=1e-4)
 
 
+def test_prompt_logprobs_of_several_rows_in_one_forward(runner: ModelRunner, hf_model: torch.nn.Module) -> None:
+    runner.set_max_prefill_tokens(None)
+    pool = BlockPool()
+    requests = [
+        make_request(pool, 0, PROMPTS[1], max_new_tokens=2, prefill_logprobs=True),
+        make_request(pool, 1, PROMPTS[2], max_new_tokens=2),  # no prompt logprobs: one logit row only
+        make_request(pool, 2, PROMPTS[3], max_new_tokens=2, prefill_logprobs=True),
+    ]
+    generations, _, _ = runner.generate_token(shard_batch(runner, 0, requests))
+    by_id = {g.request_id: g for g in generations}
+    assert by_id[1].prefill_tokens is None
+    for rid, prompt in ((0, PROMPTS[1]), (2, PROMPTS[3])):
+        reference = hf_log_softmax(hf_model, prompt)
+        expected = [reference[p - 1, prompt[p]].item() for p in range(1, len(prompt))]
+        logprobs = by_id[rid].prefill_tokens.logprobs  # type: ignore[union-attr]
+        assert math.isnan(logprobs[0]) and list(logprobs[1:]) == pytest.approx(expected, abs=1e-4)
+        assert by_id[rid].tokens.ids[0] == int(reference[-1].argmax())
+
+
 def test_next_chunks_walk_from_newest_to_oldest(runner: ModelRunner) -> None:
     pool = BlockPool()
     requests = [
