@@ -10,8 +10,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from tgictl.errors import ConfigError, UnsupportedModelError
-from tgictl.runtime.shard.layers.rotary import RotaryEmbedding, apply_rotary
-from tgictl.runtime.shard.model_config import parse_rope
+from tgictl.runtime.shard.layers.rotary import ROPE_FREQUENCIES, RotaryEmbedding, apply_rotary
+from tgictl.runtime.shard.model_config import ROPE_TYPES, parse_rope
 
 HEAD_DIM = 16
 MAX_POSITIONS = 64
@@ -120,6 +120,10 @@ def test_llama3_original_length_defaults_to_max_positions() -> None:
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     rope = parse_rope({"rope_scaling": scaling}, HEAD_DIM, 8192)
     assert rope.original_max_position_embeddings == 8192
+
+
+def test_config_and_rotary_know_the_same_rope_types() -> None:
+    assert tuple(ROPE_FREQUENCIES) == ROPE_TYPES
 
 
 def test_unknown_rope_type_lists_supported_ones() -> None:

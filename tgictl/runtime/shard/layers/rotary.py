@@ -13,12 +13,15 @@ sequence alone and keeps a request's output independent of who shares its batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from tgictl.errors import ConfigError, InvalidRequestError
+from tgictl.errors import ConfigError, InvalidRequestError, UnsupportedModelError
 from tgictl.runtime.shard.model_config import RopeConfig
 
 T = TypeVar("T")
@@ -117,6 +120,58 @@ def dynamic_inv_freq(rope: RopeConfig, dim: int, max_positions: int, seq_lens: T
     return 1.0 / (base[:, None] ** _exponents(dim, seq_lens.device)[None, :])
 
 
+@dataclass(frozen=True)
+class Frequencies:
+    """What a rope type fixes at load: inverse frequencies [dim // 2] (None: computed per token), the
+    long-context set (longrope only) and the factor cos/sin are multiplied by."""
+
+    inv_freq: Tensor | None
+    long_inv_freq: Tensor | None = None
+    attention_scaling: float = 1.0
+
+
+def _default(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
+    return Frequencies(default_inv_freq(rope.theta, dim))
+
+
+def _linear(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
+    return Frequencies(linear_inv_freq(rope, dim))
+
+
+def _llama3(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
+    return Frequencies(llama3_inv_freq(rope, dim))
+
+
+def _yarn(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
+    inv_freq, scaling = yarn_inv_freq(rope, dim, max_positions)
+    return Frequencies(inv_freq, attention_scaling=scaling)
+
+
+def _longrope(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
+    return Frequencies(
+        longrope_inv_freq(rope, dim, long=False),
+        longrope_inv_freq(rope, dim, long=True),
+        longrope_attention_factor(rope, max_positions),
+    )
+
+
+def _dynamic(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
+    return Frequencies(None)  # depends on each token's sequence length: dynamic_inv_freq per forward
+
+
+# rope_type -> what it fixes at load. model_config.ROPE_TYPES lists the same names (a test checks).
+ROPE_FREQUENCIES: Mapping[str, Callable[[RopeConfig, int, int], Frequencies]] = MappingProxyType(
+    {
+        "default": _default,
+        "linear": _linear,
+        "dynamic": _dynamic,
+        "llama3": _llama3,
+        "yarn": _yarn,
+        "longrope": _longrope,
+    }
+)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin for given positions. Computed per forward and shared by every layer."""
 
@@ -125,24 +180,14 @@ class RotaryEmbedding(nn.Module):
         self.rope = rope
         self.dim = head_dim
         self.max_positions = max_positions
-        self.attention_scaling = 1.0
-        inv_freq: Tensor | None = None
-        long_inv_freq: Tensor | None = None
-        if rope.rope_type == "default":
-            inv_freq = default_inv_freq(rope.theta, head_dim)
-        elif rope.rope_type == "linear":
-            inv_freq = linear_inv_freq(rope, head_dim)
-        elif rope.rope_type == "llama3":
-            inv_freq = llama3_inv_freq(rope, head_dim)
-        elif rope.rope_type == "yarn":
-            inv_freq, self.attention_scaling = yarn_inv_freq(rope, head_dim, max_positions)
-        elif rope.rope_type == "longrope":
-            inv_freq = longrope_inv_freq(rope, head_dim, long=False)
-            long_inv_freq = longrope_inv_freq(rope, head_dim, long=True)
-            self.attention_scaling = longrope_attention_factor(rope, max_positions)
-        # dynamic: no fixed table, frequencies depend on each token's sequence length
-        self.inv_freq = None if inv_freq is None else inv_freq.to(device)  # [dim // 2] float32
-        self.long_inv_freq = None if long_inv_freq is None else long_inv_freq.to(device)
+        if rope.rope_type not in ROPE_FREQUENCIES:
+            raise UnsupportedModelError(
+                f"rope type {rope.rope_type!r} is not supported; supported: {', '.join(ROPE_FREQUENCIES)}"
+            )
+        fixed = ROPE_FREQUENCIES[rope.rope_type](rope, head_dim, max_positions)
+        self.attention_scaling = fixed.attention_scaling
+        self.inv_freq = None if fixed.inv_freq is None else fixed.inv_freq.to(device)  # [dim // 2] float32
+        self.long_inv_freq = None if fixed.long_inv_freq is None else fixed.long_inv_freq.to(device)
 
     @property
     def needs_seq_lens(self) -> bool:
