@@ -10,11 +10,12 @@ Measured on the tiny llama (2 busy CPU cores, 300 Decode RPCs from another proce
 the thread hop is within the noise of running torch inline on the event loop (batch 1: ~1.8-2.0 ms
 per RPC either way; batch 32: ~3.2-3.6 ms).
 
-Errors are mapped in exactly one place, `_rpc`: a TgictlError answers with its own gRPC status
-(INVALID_ARGUMENT, NOT_FOUND...) and the shard keeps serving; INTERNAL (a DeviceError, or any other
-exception: CUDA out of memory, a failed collective, a RuntimeError from torch, a bug) means the
-shard's state can no longer be trusted, so `on_fatal` is called and the process exits non-zero
-(reference 1.1: the launcher then tears every process down).
+Errors are mapped in exactly one place, `grpc_status`, which `_rpc` applies to every RPC: a
+TgictlError answers with its own gRPC status (INVALID_ARGUMENT, NOT_FOUND...) and the shard keeps
+serving; INTERNAL (a DeviceError, or any other exception: CUDA out of memory, a failed collective, a
+RuntimeError from torch, a bug) means the shard's state can no longer be trusted, so `on_fatal` is
+called and the process exits non-zero (reference 1.1: the launcher then tears every process down).
+A device job reports its own fatal failure too, so it stops the shard even if its client gave up.
 """
 
 from __future__ import annotations
@@ -57,9 +58,12 @@ class DeviceWorker:
         future = self._pool.submit(fn, *args)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
+        result = asyncio.wrap_future(future)
+        # Retrieved even when nobody awaits it any more (the job's own error handling reported it).
+        result.add_done_callback(lambda f: f.cancelled() or f.exception())
         # Shielded: a client that gives up must not cancel a job still queued, or this rank would skip
         # a step the other ranks run (their collectives would then wait for it).
-        return await asyncio.shield(asyncio.wrap_future(future))
+        return await asyncio.shield(result)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait for the jobs already submitted; False when one is still running after `timeout_s`."""
@@ -70,8 +74,17 @@ class DeviceWorker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def grpc_status(err: Exception) -> tuple[grpc.StatusCode, str]:
+    """The one error mapping of the shard. INTERNAL means fatal: the process stops."""
+    if isinstance(err, TgictlError):
+        return grpc.StatusCode[err.grpc_status], err.message
+    # Anything else (CUDA out of memory, a failed collective, a RuntimeError from torch, a bug) leaves
+    # the device state unknown.
+    return grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+
+
 def _rpc(handler: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """The one error mapping of the shard: TgictlError.grpc_status, else INTERNAL and a fatal stop."""
+    """Answers every failure of `handler` with `grpc_status`; a fatal one also stops the shard."""
 
     @functools.wraps(handler)
     async def wrapper(self: ShardServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -81,18 +94,14 @@ def _rpc(handler: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awa
         log.debug("%s started", name)
         try:
             return await handler(self, request)
-        except TgictlError as err:
-            code = grpc.StatusCode[err.grpc_status]
-            message = err.message
+        except Exception as err:  # noqa: BLE001 - every failure gets a status; none escapes unmapped
+            code, message = grpc_status(err)
             if code is grpc.StatusCode.INTERNAL:
-                log.error("%s failed, stopping the shard: %s", name, message, exc_info=True)
+                # A device job already logged its traceback; repeat it only when debugging.
+                log.error("%s failed: %s", name, message, exc_info=log.isEnabledFor(logging.DEBUG))
                 self.fail(message)
             else:
                 log.warning("%s refused: %s", name, message)
-        except Exception as err:  # noqa: BLE001 - anything else leaves the device state unknown
-            code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
-            log.error("%s failed, stopping the shard: %s", name, message, exc_info=True)
-            self.fail(message)
         await context.abort(code, message)
 
     return wrapper
@@ -118,9 +127,28 @@ class ShardServicer(TextGenerationServiceServicer):
         self._urls = convert.service_discovery_response_to_pb(list(urls))
 
     def fail(self, message: str) -> None:
+        """Stop serving after an unrecoverable error (called on the event loop, once per error)."""
         if self.failed is None:
+            log.error("stopping the shard after an unrecoverable error: %s", message)
             self.failed = message
             self._on_fatal(message)
+
+    async def _on_device(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` on the device thread. A fatal failure stops the shard from there, so it
+        counts even when the RPC's client has already given up."""
+        loop = asyncio.get_running_loop()
+
+        def job() -> T:
+            try:
+                return fn(*args)
+            except Exception as err:
+                code, message = grpc_status(err)
+                if code is grpc.StatusCode.INTERNAL:
+                    log.error("device job %s failed: %s", fn.__name__, message, exc_info=True)
+                    loop.call_soon_threadsafe(self.fail, message)
+                raise
+
+        return await self.worker.run(job)
 
     # --- RPCs ------------------------------------------------------------------------------------
 
@@ -134,29 +162,29 @@ class ShardServicer(TextGenerationServiceServicer):
 
     @_rpc
     async def Health(self, request: pb.HealthRequest) -> pb.HealthResponse:
-        await self.worker.run(self._health)
+        await self._on_device(self._health)
         return pb.HealthResponse()
 
     @_rpc
     async def ClearCache(self, request: pb.ClearCacheRequest) -> pb.ClearCacheResponse:
-        await self.worker.run(self._clear_cache, convert.clear_cache_request_from_pb(request).batch_id)
+        await self._on_device(self._clear_cache, convert.clear_cache_request_from_pb(request).batch_id)
         return pb.ClearCacheResponse()
 
     @_rpc
     async def FilterBatch(self, request: pb.FilterBatchRequest) -> pb.FilterBatchResponse:
         message = convert.filter_batch_request_from_pb(request)
-        cached = await self.worker.run(self._filter, message.batch_id, message.request_ids)
+        cached = await self._on_device(self._filter, message.batch_id, message.request_ids)
         return convert.filter_batch_response_to_pb(cached)
 
     @_rpc
     async def Warmup(self, request: pb.WarmupRequest) -> pb.WarmupResponse:
-        result = await self.worker.run(self._warmup, request)
+        result = await self._on_device(self._warmup, request)
         return convert.warmup_response_to_pb(result)
 
     @_rpc
     async def Prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
         start = time.perf_counter_ns()
-        result = await self.worker.run(self._prefill, request)
+        result = await self._on_device(self._prefill, request)
         response = convert.prefill_response_to_pb(result)
         response.total_ns = time.perf_counter_ns() - start  # the whole RPC, conversions included
         return response
@@ -164,7 +192,7 @@ class ShardServicer(TextGenerationServiceServicer):
     @_rpc
     async def Decode(self, request: pb.DecodeRequest) -> pb.DecodeResponse:
         start = time.perf_counter_ns()
-        result = await self.worker.run(self._decode, request)
+        result = await self._on_device(self._decode, request)
         response = convert.decode_response_to_pb(result)
         response.total_ns = time.perf_counter_ns() - start
         return response
