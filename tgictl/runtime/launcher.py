@@ -107,6 +107,23 @@ def clear_stale_socket(path: Path) -> None:
     raise ConfigError(f"a server is already listening on {path}; stop it or choose another --shard-uds-path")
 
 
+def check_port_free(hostname: str, port: int) -> None:
+    """Refuse a port something already listens on now, before minutes of model loading, rather than
+    when the router finally fails to bind it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(hostname or None, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise ConfigError(f"--hostname {hostname!r} does not resolve: {err}") from None
+    with socket.socket(family, kind, proto) as probe:
+        # As uvicorn binds: SO_REUSEADDR lets a port in TIME_WAIT through, not one in use.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise ConfigError(f"cannot listen on {hostname}:{port}: {err.strerror or err}; "
+                              "choose another --port or stop what uses it") from None
+
+
 class Launcher:
     """Runs one LaunchPlan to its end. `run()` returns after a signal-initiated shutdown and raises
     ChildFailedError when a child exits on its own; either way every child is gone when it returns."""
@@ -265,6 +282,7 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
 
     `child_env` is the environment the children start from (the launcher's own, normally).
     """
+    check_port_free(config.router.hostname, config.router.port)
     model_dir = resolve_model(config.model_id, config.revision, hub=HubConfig.from_env(env))
     log.info("model %s: %s", config.model_id, model_dir)
     # Fail in milliseconds, not after N processes loaded torch, when the heads cannot be split.

@@ -20,7 +20,13 @@ import pytest
 from launcher_fakes import FAKES, make_plan
 
 from tgictl.errors import ConfigError
-from tgictl.runtime.launcher import ChildFailedError, Launcher, clear_stale_socket, prepare_socket_dir
+from tgictl.runtime.launcher import (
+    ChildFailedError,
+    Launcher,
+    check_port_free,
+    clear_stale_socket,
+    prepare_socket_dir,
+)
 from tgictl.runtime.launcher_plan import LaunchPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -260,3 +266,13 @@ def test_socket_dir_is_created_private_and_a_shared_one_refused(tmp_path: Path) 
     shared.chmod(0o777)
     with pytest.raises(ConfigError, match="writable by group or others"):
         prepare_socket_dir(shared)
+
+
+def test_a_port_in_use_is_refused_before_anything_starts() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use; "):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # free again once closed
