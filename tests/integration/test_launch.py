@@ -144,7 +144,8 @@ def test_a_bad_model_id_fails_in_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: model 'nobody/no-such-model' is not in the Hugging Face cache")
+    assert len(lines) == 1
+    assert lines[0].startswith("Error: model 'nobody/no-such-model' is not in the Hugging Face cache")
     assert result.stdout == ""
     assert "started" not in result.stderr
 

@@ -148,7 +148,9 @@ def test_router_exit_fails_and_stops_the_shards(tmp_path: Path) -> None:
     with pytest.raises(ChildFailedError) as failure:
         launcher.run()
     assert launcher.router is not None
-    assert str(failure.value) == f"router (pid {launcher.router.pid}) exited with code 4; its last error: router gave up"
+    assert str(failure.value) == (
+        f"router (pid {launcher.router.pid}) exited with code 4; its last error: router gave up"
+    )
     assert "shard 0 exit" in read_events(events)
     assert_all_gone(launcher, plan)
 
