@@ -91,6 +91,7 @@ def test_overloaded_and_stream_disconnect_frees_blocks(stack: Stack, http: httpx
     before = kv(http)
     assert before["free"] + before["cached"] == before["total"]
     failures = metric(http, "tgi_request_failure_total", '{err="overloaded"}')
+    dropped = metric(http, "tgi_request_failure_total", '{err="dropped"}')
     with httpx.Client(base_url=stack.url, timeout=60.0, headers=AUTH) as a, \
             httpx.Client(base_url=stack.url, timeout=60.0, headers=AUTH) as b:
         with a.stream("POST", "/generate_stream", json=LONG) as first, \
@@ -109,6 +110,8 @@ def test_overloaded_and_stream_disconnect_frees_blocks(stack: Stack, http: httpx
     # Both clients left mid-stream: their requests are cancelled and every block comes back.
     wait_until(lambda: (lambda s: s["free"] + s["cached"] == s["total"])(kv(http)))
     assert metric(http, "tgi_request_failure_total", '{err="overloaded"}') == failures + 2
+    # Cancelled, not finished: both requests were dropped before their last token.
+    assert metric(http, "tgi_request_failure_total", '{err="dropped"}') == dropped + 2
     assert http.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 1}}).status_code == 200
 
 

@@ -242,14 +242,17 @@ class RouterService:
                 if ended:
                     return
         finally:
+            # Synchronous bookkeeping first: under a cancelled anyio scope (Starlette noticed the
+            # disconnect) every await here raises CancelledError again at once.
             abort.cancel()
-            if step is not None and not step.done():
-                # The pending step runs the inner generator: stop it before closing it.
-                step.cancel()
-                await asyncio.wait({step})
             if not ended:
                 self.metrics.request_failure.labels(err="dropped").inc()
-            await inner.aclose()
+            if step is not None and not step.done():
+                # The pending step runs the inner generator; cancelling it ends that generator,
+                # whose own cleanup cancels the request (Infer closes the round).
+                step.cancel()
+            else:
+                await inner.aclose()
 
     def _observe_end(self, admission: Admission, end: EndEvent) -> None:
         m = self.metrics
