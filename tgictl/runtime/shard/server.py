@@ -17,8 +17,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
-import stat
 from pathlib import Path
 
 import grpc
@@ -31,6 +29,7 @@ from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_
 from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
 from tgictl.runtime.shard.runtime import ShardRuntime
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
+from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir, remove_socket
 
 log = logging.getLogger("tgictl.shard")
 
@@ -41,53 +40,6 @@ _SERVER_OPTIONS = [
 ]
 # After the server stopped, how long a device job that outlived the grace period may still take.
 _DRAIN_TIMEOUT_S = 1.0
-
-
-def prepare_socket_dir(directory: Path) -> None:
-    """Create `directory` (mode 0700) if missing; refuse one that another user could write to.
-
-    Whoever can write the directory can replace a shard's socket with their own and receive every
-    prompt, so it must belong to this user and give no write permission to group or others.
-    """
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except FileExistsError:  # a file (or a dangling symlink) has the name
-        raise ConfigError(f"socket directory {directory} is not a directory") from None
-    except OSError as err:
-        raise ConfigError(f"cannot create the socket directory {directory}: {err.strerror}") from None
-    st = directory.lstat()  # a symlink is refused: its target is what would need checking
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"socket directory {directory} is not a directory")
-    if st.st_uid != os.getuid():
-        raise ConfigError(
-            f"socket directory {directory} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}); "
-            "choose a --uds-path inside a directory you own"
-        )
-    if st.st_mode & 0o022:
-        raise ConfigError(
-            f"socket directory {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"run `chmod go-w {directory}` or choose another --uds-path"
-        )
-
-
-def check_socket_path(path: Path) -> None:
-    """Allow a free path or a stale socket (replaced later); refuse a live server or a non-socket file."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"{path} exists and is not a socket; remove it or choose another --uds-path") from None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)  # a live server with a full backlog must not hang the start
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):  # nobody listens, or gone meanwhile: stale
-            log.info("replacing the stale socket %s", path)
-            return
-        except OSError as err:
-            raise ConfigError(f"cannot tell whether {path} is in use ({err}); remove it or choose another --uds-path") from None
-    raise ConfigError(f"another server is already listening on {path}; stop it or choose another --uds-path")
 
 
 def select_device(rank: int) -> torch.device:
@@ -158,7 +110,7 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
         grace = config.shutdown_grace_s
         log.info("rank %d stopping: no new RPCs, up to %.0f s for the one in flight", config.rank, grace)
         await server.stop(grace)
-        _remove_socket(socket_path, inode)
+        remove_socket(socket_path, inode)
         drained = await loop.run_in_executor(None, worker.drain, _DRAIN_TIMEOUT_S)
         worker.shutdown()
         if not drained:
@@ -168,12 +120,3 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
             logging.shutdown()
             os._exit(DeviceError.exit_code)
     return failures[0] if failures else None
-
-
-def _remove_socket(path: Path, inode: int) -> None:
-    """Remove our socket file, unless someone already replaced it with theirs."""
-    try:
-        if path.lstat().st_ino == inode:
-            path.unlink()
-    except FileNotFoundError:
-        pass

@@ -1,4 +1,4 @@
-"""The shard server's socket safety rules, in process (the process-level behaviour is in
+"""The shard's socket safety rules, in process (the process-level behaviour is in
 tests/integration/test_shard_lifecycle.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tgictl.errors import ConfigError
-from tgictl.runtime.shard.server import check_socket_path, prepare_socket_dir
+from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir, remove_socket
 
 
 def test_a_missing_directory_is_created_private(tmp_path: Path) -> None:
@@ -67,3 +67,17 @@ def test_a_live_socket_or_another_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "plain-0").write_text("not a socket")
     with pytest.raises(ConfigError, match="exists and is not a socket"):
         check_socket_path(tmp_path / "plain-0")
+
+
+def test_remove_socket_leaves_a_replacement_alone(tmp_path: Path) -> None:
+    ours = tmp_path / "s-0"
+    ours.write_text("")
+    inode = ours.lstat().st_ino
+    replacement = tmp_path / "other"
+    replacement.write_text("")
+    os.replace(replacement, ours)  # someone else's file now has the name
+    remove_socket(ours, inode)
+    assert ours.exists()
+    remove_socket(ours, ours.lstat().st_ino)
+    assert not ours.exists()
+    remove_socket(ours, 0)  # already gone: nothing to do
