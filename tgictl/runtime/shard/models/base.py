@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import Tensor, nn
 
@@ -12,7 +14,7 @@ from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.model_config import ModelConfig
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module, ABC):
     """A loaded decoder-only model on one rank. Subclasses implement `compute_logits`."""
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, dist: DistContext) -> None:
@@ -71,6 +73,7 @@ class CausalLM(nn.Module):
         with torch.inference_mode():
             return self.compute_logits(input_ids, positions, slots, kv_cache, meta, logit_indices)
 
+    @abstractmethod
     def compute_logits(
         self,
         input_ids: Tensor,
@@ -80,4 +83,4 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         logit_indices: Tensor,
     ) -> Tensor:
-        raise NotImplementedError
+        """`forward` after its checks, inside inference mode."""
