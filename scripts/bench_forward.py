@@ -53,15 +53,21 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def _timed(fn: Callable[[int], None], repeats: int) -> float:
-    """Median wall time of fn(i) over `repeats` calls, after one untimed warm-up call."""
-    fn(-1)
-    times = []
+Step = Callable[[int], None]  # step(i): one forward; i = -1 is the untimed warm-up, then 0, 1, ...
+
+
+def _interleaved(steps: dict[str, Step], repeats: int) -> dict[str, float]:
+    """Median wall time per engine, the engines' steps alternating so that load from other processes
+    on the machine falls on both alike."""
+    for step in steps.values():
+        step(-1)
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(repeats):
-        start = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - start)
-    return _median(times)
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(i)
+            times[name].append(time.perf_counter() - start)
+    return {name: _median(values) for name, values in times.items()}
 
 
 def _random_fill(tensor: torch.Tensor, seed: int) -> None:
@@ -72,7 +78,7 @@ def _random_fill(tensor: torch.Tensor, seed: int) -> None:
 # ---- tgictl ---------------------------------------------------------------------------------------
 
 
-def bench_tgictl_decode(model: CausalLM, batch: int, context: int, repeats: int) -> float:
+def tgictl_decode(model: CausalLM, batch: int, context: int, repeats: int) -> Step:
     blocks_per_seq = -(-(context + repeats + 2) // BLOCK_SIZE)
     cache = model.allocate_kv_cache(1 + batch * blocks_per_seq, BLOCK_SIZE)
     for i, (key, value) in enumerate(zip(cache.keys, cache.values)):
@@ -90,10 +96,10 @@ def bench_tgictl_decode(model: CausalLM, batch: int, context: int, repeats: int)
         meta = build_attention_metadata([cached] * batch, [1] * batch, tables, BLOCK_SIZE, CPU)
         model(ids, positions, slots, cache, meta, rows)
 
-    return _timed(step, repeats)
+    return step
 
 
-def bench_tgictl_prefill(model: CausalLM, length: int, repeats: int) -> float:
+def tgictl_prefill(model: CausalLM, length: int) -> Step:
     blocks = -(-length // BLOCK_SIZE)
     cache = model.allocate_kv_cache(1 + blocks, BLOCK_SIZE)
     table = list(range(1, 1 + blocks))
@@ -105,13 +111,13 @@ def bench_tgictl_prefill(model: CausalLM, length: int, repeats: int) -> float:
         meta = build_attention_metadata([0], [length], [table], BLOCK_SIZE, CPU)
         model(ids, positions, slots, cache, meta, torch.tensor([length - 1]))
 
-    return _timed(step, repeats)
+    return step
 
 
 # ---- transformers ---------------------------------------------------------------------------------
 
 
-def bench_hf_decode(hf: Any, batch: int, context: int, repeats: int) -> float:
+def hf_decode(hf: Any, batch: int, context: int) -> Step:
     from transformers import DynamicCache
 
     config = hf.config
@@ -139,17 +145,17 @@ def bench_hf_decode(hf: Any, batch: int, context: int, repeats: int) -> float:
             out = hf(input_ids=ids, position_ids=positions, cache=state["cache"], use_cache=True, logits_to_keep=1)
         state["cache"] = out.cache
 
-    return _timed(step, repeats)
+    return step
 
 
-def bench_hf_prefill(hf: Any, length: int, repeats: int) -> float:
+def hf_prefill(hf: Any, length: int) -> Step:
     ids = torch.randint(0, hf.config.vocab_size, (1, length))
 
     def step(_: int) -> None:
         with torch.inference_mode():
             hf(input_ids=ids, use_cache=True, logits_to_keep=1)
 
-    return _timed(step, repeats)
+    return step
 
 
 # ---- driver ---------------------------------------------------------------------------------------
@@ -178,26 +184,17 @@ def run(args: argparse.Namespace) -> list[Result]:
         dtype = getattr(torch, dtype_name)
         ours = load_model(model_dir, dtype=dtype, device=CPU, dist=DistContext.single())
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        engines: list[tuple[str, Callable[[int], float], Callable[[int], float]]] = [
-            (
-                "tgictl",
-                lambda b: bench_tgictl_decode(ours, b, args.context, args.repeats),
-                lambda n: bench_tgictl_prefill(ours, n, args.prefill_repeats),
-            ),
-            (
-                "transformers",
-                lambda b: bench_hf_decode(hf, b, args.context, args.repeats),
-                lambda n: bench_hf_prefill(hf, n, args.prefill_repeats),
-            ),
-        ]
         for batch in args.batch:
-            for engine, decode, _ in engines:
-                seconds = decode(batch)
+            steps = {
+                "tgictl": tgictl_decode(ours, batch, args.context, args.repeats),
+                "transformers": hf_decode(hf, batch, args.context),
+            }
+            for engine, seconds in _interleaved(steps, args.repeats).items():
                 results.append(Result(engine, dtype_name, "decode", batch, batch, seconds, batch / seconds))
                 _print(results[-1])
         for length in args.prefill:
-            for engine, _, prefill in engines:
-                seconds = prefill(length)
+            steps = {"tgictl": tgictl_prefill(ours, length), "transformers": hf_prefill(hf, length)}
+            for engine, seconds in _interleaved(steps, args.prefill_repeats).items():
                 results.append(Result(engine, dtype_name, "prefill", 1, length, seconds, length / seconds))
                 _print(results[-1])
         del ours, hf
@@ -217,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=None, help="HF model directory (default: SmolLM2)")
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "tgictl-bench")
-    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
+    dtypes = ["float32", "bfloat16", "float16"]
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=dtypes)
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--context", type=int, default=256, help="cached tokens per sequence for decode")
     parser.add_argument("--prefill", nargs="+", type=int, default=[512, 2048])
