@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import socket
-import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ from tgictl.runtime.budgets import kv_heads_per_shard, model_shape
 from tgictl.runtime.hub import load_model_config, resolve_model
 from tgictl.runtime.launcher_plan import LaunchPlan, build_plan, free_port
 from tgictl.runtime.launcher_process import ChildProcess, describe_exit
+from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir
 
 log = logging.getLogger("tgictl.launcher")
 
@@ -72,39 +72,13 @@ def _catch_signals() -> Iterator[_SignalState]:
             signal.signal(signum, old)
 
 
-def prepare_socket_dir(directory: Path) -> None:
-    """Create `directory` 0700 if missing; refuse one another user owns or could write to (whoever can
-    write there can put their own socket in a shard's place and read every prompt)."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = directory.lstat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"socket directory {directory} is not a directory")
-    if st.st_uid != os.getuid():
-        raise ConfigError(f"socket directory {directory} belongs to uid {st.st_uid}, not to you (uid {os.getuid()})")
-    if st.st_mode & 0o022:
-        raise ConfigError(
-            f"socket directory {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"run `chmod go-w {directory}` or choose another --shard-uds-path"
-        )
-
-
 def clear_stale_socket(path: Path) -> None:
-    """Readiness is the socket file's existence, so an old file must go before a shard starts; a
-    socket something still listens on is another server's and is refused instead."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"{path} exists and is not a socket; remove it or choose another --shard-uds-path")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink(missing_ok=True)
-            log.info("removed the stale socket %s", path)
-            return
-    raise ConfigError(f"a server is already listening on {path}; stop it or choose another --shard-uds-path")
+    """Readiness is the socket file's existence, so a stale file must go before its shard starts; the
+    shard's own rules decide what is stale (a socket something listens on is refused instead)."""
+    check_socket_path(path)
+    if path.is_socket():
+        path.unlink(missing_ok=True)
+        log.info("removed the stale socket %s", path)
 
 
 def check_port_free(hostname: str, port: int) -> None:
