@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from tgictl.kernels import build_attention_metadata
-from tgictl.runtime.shard.dist import DistContext, destroy_distributed, init_distributed
+from tgictl.errors import ConfigError
+from tgictl.runtime.shard.dist import DistContext, all_gather, all_reduce, destroy_distributed, init_distributed
 from tgictl.runtime.shard.models.registry import load_model
 
 CPU = torch.device("cpu")
@@ -113,3 +114,17 @@ def test_two_ranks_in_bfloat16_agree(tp_results: dict[str, tuple]) -> None:
     for ours0, ours1, reference in zip(rank0, rank1, single):
         assert torch.equal(ours0, ours1)
         assert torch.equal(ours0.argmax(-1), reference.argmax(-1))
+
+
+def test_world_one_needs_no_process_group() -> None:
+    dist = init_distributed(0, 1, "127.0.0.1", 1, CPU)  # port 1: nothing may try to connect
+    assert dist == DistContext.single() and not dist.is_sharded
+    assert not torch.distributed.is_initialized()
+    tensor = torch.arange(4.0)
+    assert all_reduce(tensor, dist) is tensor
+    assert all_gather(tensor, dist) is tensor
+
+
+def test_bad_rank_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="rank=2, world_size=2"):
+        init_distributed(2, 2, "127.0.0.1", 1, CPU)
