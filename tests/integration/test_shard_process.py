@@ -215,6 +215,12 @@ ERRORS: dict[str, tuple[str, Any, str, str]] = {
         "INVALID_ARGUMENT",
         "`parameters` is required",
     ),
+    "warmup without a prefill budget": (
+        "Warmup",
+        pb.WarmupRequest(batch=convert.batch_to_pb(warmup_batch(8)), max_prefill_tokens=0),
+        "INVALID_ARGUMENT",
+        "max_prefill_tokens must be >= 1, got 0",
+    ),
     "duplicate request ids": (
         "Prefill",
         _prefill_pb(_request(), _request()),
