@@ -1,8 +1,8 @@
 """The life of one `tgictl shard` process: load, listen, serve, stop (reference 7.1).
 
-Order matters to the launcher: the socket directory is checked first (a bad `--uds-path` fails in
-milliseconds), then the rank joins the tensor-parallel group and loads its slice of the model, and
-only then does the socket file appear at `{uds_path}-{rank}`. The server binds a temporary name next
+Order matters to the launcher: the socket directory is checked first (a bad `--uds-path` fails
+before anything is loaded), then the rank joins the tensor-parallel group and loads its slice of the
+model, and only then does the socket file appear at `{uds_path}-{rank}`. The server binds a temporary name next
 to it and renames it once it listens, so the file's existence means "loaded and accepting RPCs".
 A stale file from a crashed shard is replaced; a socket someone still listens on is not.
 
