@@ -1,49 +1,24 @@
 """OpenAI's routes (reference 2.5, 2.6): POST /v1/chat/completions and /v1/completions.
 
-Every choice (n per prompt) is one request with its own permit, run concurrently. Streams interleave
-the choices' chunks and end with `data: [DONE]`; errors after the first byte travel in-band as
-`{"error": {...}}`. Finish reasons are OpenAI's only ("stop", "length"), and stop strings are not in
+Every choice (n per prompt) is one request with its own permit, run concurrently (openai_run.py).
+Finish reasons are OpenAI's only ("stop", "length"), and stop strings are not in
 the text, streamed or not.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from tgictl import __version__
-from tgictl.errors import TgictlError, ValidationError
-from tgictl.runtime.router.generation import OPENAI_FINISH_REASONS, Outcome, collect_all
-from tgictl.runtime.router.request import EndEvent, ErrorEvent, StreamEvent, TokenEvent, TokenInfo
-from tgictl.runtime.router.responses import SSEResponse, TgiJSONResponse, sse, until_disconnect
-from tgictl.runtime.router.schemas_openai import ChatRequest, CompletionRequest, SamplingFields
-from tgictl.runtime.router.service import Admission, RouterService
-from tgictl.runtime.router.validation import GenerationInput
-
-
-class ClientBatchSizeError(TgictlError):
-    http_status = 422
-    error_type = "batch size exceeded"  # TGI's words
-
-
-@dataclass
-class Job:
-    """One choice: which prompt it answers, its index among all choices, its request."""
-
-    prompt: int
-    index: int
-    request: GenerationInput
-
-
-def _fingerprint() -> str:
-    return f"{__version__}-native"
+from tgictl.errors import ValidationError
+from tgictl.runtime.router.generation import OPENAI_FINISH_REASONS, Outcome
+from tgictl.runtime.router.openai_run import ClientBatchSizeError, Job, OpenAIRun
+from tgictl.runtime.router.request import EndEvent, TokenEvent, TokenInfo
+from tgictl.runtime.router.schemas_openai import ChatRequest, CompletionRequest
+from tgictl.runtime.router.service import RouterService
 
 
 def _openai_logprob(token: TokenInfo, top: Sequence[TokenInfo]) -> dict[str, Any]:
@@ -68,143 +43,6 @@ def _legacy_logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenI
         "top_logprobs": [{t.text: t.logprob for t in top} for top in tops],
         "text_offset": offsets,
     }
-
-
-async def _start(service: RouterService, jobs: list[Job]) -> tuple[list[Admission], list[Any]]:
-    """Permits then validation for every job; on any failure, release what was taken."""
-    admissions: list[Admission] = []
-    try:
-        for _ in jobs:
-            admissions.append(service.admit())
-        validated = [await service.validate(a, job.request) for a, job in zip(admissions, jobs)]
-    except BaseException:
-        for admission in admissions:
-            admission.release()
-        raise
-    return admissions, validated
-
-
-async def _merge(streams: list[AsyncIterator[StreamEvent]]) -> AsyncIterator[tuple[int, StreamEvent]]:
-    """Interleave several streams as their events come; closing this closes (cancels) them all."""
-    queue: asyncio.Queue[tuple[int, StreamEvent | None]] = asyncio.Queue()
-
-    async def pump(i: int, stream: AsyncIterator[StreamEvent]) -> None:
-        try:
-            async for event in stream:
-                queue.put_nowait((i, event))
-        finally:
-            queue.put_nowait((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        open_streams = len(tasks)
-        while open_streams:
-            i, event = await queue.get()
-            if event is None:
-                open_streams -= 1
-                continue
-            yield i, event
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _prompt_tokens(jobs: list[Job], ends: dict[int, EndEvent]) -> int:
-    """Each prompt counts once, however many choices it has."""
-    seen: dict[int, int] = {}
-    for job in jobs:
-        if job.index in ends:
-            seen[job.prompt] = ends[job.index].input_length
-    return sum(seen.values())
-
-
-class _Run:
-    """What one OpenAI call shares between its choices."""
-
-    def __init__(self, service: RouterService, kind: str, obj: str) -> None:
-        self.service = service
-        self.id = f"{kind}-{uuid.uuid4().hex}"
-        self.object = obj
-        self.created = int(time.time())
-        self.model = service.model_id
-
-    def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "id": self.id, "object": obj, "created": self.created, "model": self.model,
-            "system_fingerprint": _fingerprint(), "choices": choices, **extra,
-        }
-
-    async def respond(
-        self,
-        http: Request,
-        body: SamplingFields,
-        jobs: list[Job],
-        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any]],
-        final: Callable[[Job, Outcome], dict[str, Any]],
-        chunk_object: str,
-    ) -> Response:
-        admissions, validated = await _start(self.service, jobs)
-        streams = [self.service.stream(a, v) for a, v in zip(admissions, validated)]
-
-        def release() -> None:
-            for admission in admissions:
-                admission.release()
-
-        if body.stream:
-            events = self._events(jobs, streams, chunk, chunk_object, body.include_usage())
-            return SSEResponse(events, on_close=release)
-        try:
-            outcomes = await until_disconnect(http, collect_all(streams))
-        finally:
-            release()
-        if outcomes is None:
-            return Response(status_code=499)
-        ends = {job.index: o.end for job, o in zip(jobs, outcomes)}
-        usage = _usage(_prompt_tokens(jobs, ends), sum(o.end.generated_tokens for o in outcomes))
-        choices = [final(job, o) for job, o in zip(jobs, outcomes)]
-        return TgiJSONResponse(self.envelope(self.object, choices, usage=usage))
-
-    async def _events(
-        self,
-        jobs: list[Job],
-        streams: list[AsyncIterator[StreamEvent]],
-        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any]],
-        chunk_object: str,
-        include_usage: bool,
-    ) -> AsyncIterator[str]:
-        ends: dict[int, EndEvent] = {}
-        usage_key = {"usage": None} if include_usage else {}
-        merged = _merge(streams)
-        try:
-            async for i, event in merged:
-                if isinstance(event, ErrorEvent):
-                    err = event.error
-                    yield sse({"error": {"message": err.message, "type": err.error_type,
-                                         "http_status_code": err.http_status}})
-                    yield sse("[DONE]")
-                    return
-                if isinstance(event, (TokenEvent, EndEvent)):
-                    if isinstance(event, EndEvent):
-                        ends[jobs[i].index] = event
-                    yield sse(self.envelope(chunk_object, [chunk(jobs[i], event)], **usage_key))
-            if len(ends) < len(jobs):
-                yield sse({"error": {"message": "Incomplete generation stream",
-                                     "type": "incomplete_generation_stream", "http_status_code": 500}})
-            elif include_usage:
-                completion = sum(e.generated_tokens for e in ends.values())
-                yield sse(self.envelope(chunk_object, [], usage=_usage(_prompt_tokens(jobs, ends), completion)))
-            yield sse("[DONE]")
-        finally:
-            await merged.aclose()
 
 
 def continue_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
@@ -245,7 +83,7 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
                                             choice=i, add_special_tokens=False))
             for i in range(body.n)
         ]
-        run = _Run(service, "chatcmpl", "chat.completion")
+        run = OpenAIRun(service, "chatcmpl", "chat.completion")
         started: set[int] = set()
 
         def logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenInfo]]) -> dict[str, Any] | None:
@@ -292,7 +130,7 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
             for p, prompt in enumerate(prompts)
             for i in range(body.n)
         ]
-        run = _Run(service, "cmpl", "text_completion")
+        run = OpenAIRun(service, "cmpl", "text_completion")
         offsets: dict[int, int] = {}
 
         def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any]:
