@@ -165,3 +165,27 @@ def test_continue_final_message() -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
     assert continue_final_message(rendered, messages) == "<s>user: hi</s><s>assistant: Once upon"
     assert continue_final_message(rendered, messages[:1]) == rendered
+
+
+def test_in_stream_errors_as_tgi_and_openai_send_them(tiny_tokenizer_dir: Path) -> None:
+    async def body(service: RouterService, fake: FakeServiceClient) -> None:
+        transport = httpx.ASGITransport(app=create_app(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as http:
+            fake.shard.fail_next.add("decode")
+            tgi = await http.post("/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 5}})
+            assert tgi.status_code == 200
+            frames = tgi.text.split("\n\n")
+            assert frames[-1] == ""
+            assert frames[-2] == 'data: {"error":"injected decode failure","error_type":"generation"}'
+            assert frames[0].startswith('data: {"index":1,')  # the prefill's token came first
+            fake.shard.fail_next.add("decode")
+            chat = await http.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True})
+            frames = chat.text.split("\n\n")
+            assert frames[-3:] == [
+                'data: {"error":{"message":"injected decode failure","type":"generation","http_status_code":424}}',
+                "data: [DONE]", "",
+            ]
+        assert service.in_flight == 0
+
+    run(tiny_tokenizer_dir, body)
