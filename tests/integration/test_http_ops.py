@@ -133,9 +133,17 @@ def test_metrics(http: httpx.Client) -> None:
     assert metric(http, "tgi_request_count_total") == requests + 1
     assert metric(http, "tgi_request_success_total") == success + 1
     assert metric(http, "tgictl_prompt_tokens_total") == prompt + n_prompt
-    # The same prompt again: whatever full blocks it left in the prefix cache count as hits.
+    # The same prompt again: its full blocks come from the prefix cache (at least one prompt token is
+    # always computed, for the logits).
+    assert http.get("/info").json()["prefix_caching"] is True
+    long_body = {"inputs": "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2,
+                 "parameters": {"max_new_tokens": 2}}
+    n_long = len(http.post("/tokenize", json=long_body).json())
+    assert n_long > 32
+    assert http.post("/generate", json=long_body).status_code == 200
     hits = metric(http, "tgictl_prefix_cache_hit_tokens_total")
-    assert hits >= 0
+    assert http.post("/generate", json=long_body).status_code == 200
+    assert metric(http, "tgictl_prefix_cache_hit_tokens_total") == hits + min(n_long // 16 * 16, n_long - 1)
     text = http.get("/metrics").text
     for name in ("tgi_queue_size", "tgi_batch_current_size", "tgi_batch_max_total_tokens",
                  "tgi_request_duration_bucket", "tgi_request_input_length_bucket",
