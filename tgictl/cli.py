@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "tgictl.commands.shard",
     "tgictl.commands.router",
     "tgictl.commands.launch",
+    "tgictl.commands.bench",
 )
 
 
