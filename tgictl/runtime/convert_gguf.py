@@ -59,7 +59,8 @@ def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force
             f"{gguf_path.name}: GGUF architecture {architecture!r} is not supported; known: {', '.join(known)}"
         )
 
-    log.info("converting %s (%s) to %s in %s", gguf_path.name, architecture, output, dtype)
+    # debug: the callers say why they convert (hub.py logs its one line for the default model).
+    log.debug("converting %s (%s) to %s in %s", gguf_path.name, architecture, output, dtype)
     with staging_dir(output, force=force) as staging:
         model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, gguf_file=gguf_path.name, dtype=getattr(torch, dtype)
