@@ -153,6 +153,18 @@ def test_metrics(http: httpx.Client) -> None:
     assert metric(http, "tgi_batch_max_total_tokens") == (kv(http)["total"] + 1) * 16
 
 
+def test_long_generation_continues_seamlessly(http: httpx.Client) -> None:
+    """Past the 1024-token round cap the request is rescheduled with its tokens appended; the client
+    sees one answer whose totals cover both rounds."""
+    body = {"inputs": "once upon a time", "parameters": {"max_new_tokens": 1030, "ignore_eos": True, "details": True}}
+    response = http.post("/generate", json=body)
+    details = response.json()["details"]
+    assert details["generated_tokens"] == 1030 and len(details["tokens"]) == 1030
+    assert details["finish_reason"] == "length"
+    assert response.headers["x-generated-tokens"] == "1030"
+    assert response.headers["x-prompt-tokens"] == str(len(http.post("/tokenize", json=body).json()))
+
+
 def test_graceful_shutdown(stack: Stack, http: httpx.Client) -> None:
     """SIGTERM: new requests get 503 while in-flight ones may finish; past the 2 s graceful timeout the
     remaining stream ends with an in-band error; then the router exits 0."""
