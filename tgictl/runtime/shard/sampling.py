@@ -150,10 +150,21 @@ class NextTokenChooser:
         steps = steps.to(self.device)
         sub = _rows(scores, rows)  # [S, V]
         uniform = seeded_uniform(self.seed_keys, _rows(steps, rows))  # [S] float64 in [0, 1)
-        drawn = draw(sub.softmax(dim=-1), uniform)  # [S]
+        drawn = draw(_probabilities(sub), uniform)  # [S]
         if rows is None:
             return drawn
         return scores.argmax(dim=-1).index_copy(0, rows, drawn)
+
+
+def _probabilities(scores: Tensor) -> Tensor:
+    """softmax(scores): [S, V]. A tiny temperature (1e-40) or a huge penalty turns scores into +-inf,
+    and a row with +inf softmaxes to NaN, which the draw cannot search (a shard-killing index error
+    from one request's parameters). Such a row takes its best token: the limit as temperature -> 0."""
+    probs = scores.softmax(dim=-1)  # [S, V]
+    finite = probs.isfinite().all(dim=-1, keepdim=True)  # [S, 1]
+    best = scores.nan_to_num(nan=float("-inf")).argmax(dim=-1, keepdim=True)  # [S, 1]
+    greedy = torch.zeros_like(probs).scatter_(1, best, 1.0)  # [S, V] one-hot
+    return torch.where(finite, probs, greedy)
 
 
 def _full_column(
