@@ -19,7 +19,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from tgictl.errors import ConfigError, TemplateError
+from tgictl.errors import ConfigError, TemplateError, ValidationError
 
 
 class _TemplateRaised(Exception):
@@ -32,6 +32,16 @@ def _raise_exception(message: str) -> None:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+def _encodable(text: str) -> str:
+    """`text` itself, or ValidationError when it holds a lone surrogate: JSON's "\\ud800" escapes decode
+    to one, and the tokenizer (Rust strings are valid UTF-8) would fail with a TypeError, a 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValidationError(f"`inputs` must be valid Unicode: lone surrogate at character {err.start}") from None
+    return text
 
 
 def _token_content(value: object) -> str | None:
@@ -118,11 +128,11 @@ class RouterTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.tokenizer.encode(_encodable(text), add_special_tokens=add_special_tokens).ids
 
     def encode_with_offsets(self, text: str, add_special_tokens: bool = True) -> list[tuple[int, int, int]]:
         """(id, start, stop) per token, offsets in characters of `text`."""
-        encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        encoding = self.tokenizer.encode(_encodable(text), add_special_tokens=add_special_tokens)
         return [(i, start, stop) for i, (start, stop) in zip(encoding.ids, encoding.offsets)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
