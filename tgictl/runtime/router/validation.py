@@ -7,8 +7,10 @@ through comparisons.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import struct
 from dataclasses import dataclass
 
 from tgictl.errors import ValidationError
@@ -17,6 +19,10 @@ from tgictl.runtime.router.request import ValidatedRequest
 from tgictl.runtime.router.tokenizer import RouterTokenizer
 
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+_FLOAT_FIELDS = (
+    "temperature", "repetition_penalty", "frequency_penalty", "presence_penalty", "top_p", "typical_p", "min_p"
+)
 
 
 @dataclass(frozen=True)
@@ -55,12 +61,23 @@ class GenerationInput:
     ignore_eos: bool = False
 
 
+# The shards compute in float32: a larger double (1e308) becomes inf there and fails the batch.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _finite(name: str, value: float | None) -> None:
-    if value is not None and not math.isfinite(value):
+    if value is not None and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
         raise ValidationError(f"`{name}` must be a finite number")
 
 
-def _sampling(request: GenerationInput, seed: int) -> SamplingParams:
+def _f32(value: float | None) -> float | None:
+    """The value the shard will see (float32 on the wire): 1e-46 is 0.0 there, so check that."""
+    return None if value is None else float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def _sampling(given: GenerationInput, seed: int) -> SamplingParams:
+    # Checked as float32, the precision the shards compute in (after _finite bounded the magnitudes).
+    request = dataclasses.replace(given, **{name: _f32(getattr(given, name)) for name in _FLOAT_FIELDS})
     temperature = 1.0 if request.temperature is None else request.temperature
     if not temperature > 0:
         raise ValidationError("`temperature` must be strictly positive")
@@ -82,6 +99,8 @@ def _sampling(request: GenerationInput, seed: int) -> SamplingParams:
     top_k = 0 if request.top_k is None else request.top_k
     if request.top_k is not None and top_k <= 0:
         raise ValidationError("`top_k` must be strictly positive")
+    if top_k > U32_MAX:  # a uint32 on the wire: larger would fail the whole batch's conversion
+        raise ValidationError(f"`top_k` must be <= {U32_MAX}")
     min_p = 0.0 if request.min_p is None else request.min_p
     if not 0.0 <= min_p < 1.0:
         raise ValidationError("`min_p` must be >= 0.0 and < 1.0")
@@ -107,8 +126,7 @@ class Validator:
     def validate(self, request: GenerationInput) -> ValidatedRequest:
         """Check every limit in TGI's order; tokenize; raise ValidationError naming field and limit."""
         limits = self.limits
-        for name in ("temperature", "repetition_penalty", "frequency_penalty", "presence_penalty",
-                     "top_p", "typical_p", "min_p"):
+        for name in _FLOAT_FIELDS:
             _finite(name, getattr(request, name))
         best_of = request.best_of if request.best_of is not None else 1
         sampling_asked = request.do_sample or any(
