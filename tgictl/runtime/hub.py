@@ -198,8 +198,8 @@ def download_model(
         )
     api = HfApi(endpoint=hub.endpoint, token=hub.token)
     try:
-        # One metadata call, no retries: it fails fast when the hub is unreachable, gives the file
-        # list to choose weights from, and pins the commit for the download.
+        # One metadata call, no retries: it fails fast when the hub is unreachable (the download's
+        # own tree listing would retry for ~30 s) and gives the file list to choose weights from.
         info = api.model_info(model_id, revision=revision, timeout=hub.timeout_s)
     except Exception as err:  # noqa: BLE001 - every failure here means "the hub cannot give us this model"
         log.debug("hub metadata request failed", exc_info=True)
@@ -223,7 +223,9 @@ def download_model(
         path = Path(
             snapshot_download(
                 model_id,
-                revision=info.sha,
+                # The name, not info.sha: huggingface_hub records refs/<name> -> commit only when
+                # given a name, and later offline lookups of that name need the ref.
+                revision=revision,
                 cache_dir=hub.hub_cache_dir,
                 local_dir=local_dir,
                 allow_patterns=wanted,

@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tgictl.config import DEFAULT_MODEL_ID, HubConfig
 from tgictl.env import Env
 from tgictl.errors import ModelNotFoundError
 from tgictl.runtime.hub import converted_default_dir, download_model, load_model_config, resolve_model
+from tgictl.testing.fake_hub import FakeHub
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 COMMIT_MAIN = "a" * 40
@@ -185,3 +187,77 @@ def test_load_model_config_errors(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelNotFoundError, match="does not hold a JSON object"):
         load_model_config(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def hub_repos(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Repositories for the fake hub: safetensors only, .bin only, and both."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("hub-repos")
+    tiny = tiny_model_dirs["qwen3"]
+    bin_only, both = root / "bin-only", root / "both"
+    for repo in (bin_only, both):
+        shutil.copytree(tiny, repo)
+        torch.save(AutoModelForCausalLM.from_pretrained(tiny).state_dict(), repo / "pytorch_model.bin")
+    (bin_only / "model.safetensors").unlink()
+    (both / "README.md").write_text("not needed to serve")
+    return {"acme/tiny": tiny, "acme/bin-only": bin_only, "acme/both": both}
+
+
+def test_download_prefers_safetensors(hub_repos: dict[str, Path], tmp_path: Path) -> None:
+    with FakeHub(hub_repos) as fake:
+        hub = HubConfig(hub_cache_dir=tmp_path / "hf", cache_dir=tmp_path / "tc", endpoint=fake.endpoint)
+        path = download_model("acme/both", hub=hub)
+    assert path == tmp_path / "hf" / "models--acme--both" / "snapshots" / fake.commits["acme/both"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]
+    assert not any("pytorch_model.bin" in r or "README" in r for r in fake.requests)
+    assert (path / "model.safetensors").read_bytes() == (hub_repos["acme/both"] / "model.safetensors").read_bytes()
+    # Cached now: resolution needs no hub at all.
+    offline = HubConfig(hub_cache_dir=tmp_path / "hf", cache_dir=tmp_path / "tc", offline=True)
+    assert resolve_model("acme/both", hub=offline) == path
+
+
+def test_download_converts_a_bin_only_repository(hub_repos: dict[str, Path], tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    with FakeHub(hub_repos) as fake:
+        hub = HubConfig(hub_cache_dir=tmp_path / "hf", cache_dir=tmp_path / "tc", endpoint=fake.endpoint)
+        path = download_model("acme/bin-only", local_dir=tmp_path / "local", hub=hub)
+    assert path == (tmp_path / "local").resolve()
+    assert (path / "model.safetensors").is_file()
+    expected = AutoModelForCausalLM.from_pretrained(hub_repos["acme/tiny"]).state_dict()
+    actual = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+def test_download_errors_from_the_hub(hub_repos: dict[str, Path], tmp_path: Path) -> None:
+    with FakeHub(hub_repos) as fake:
+        hub = HubConfig(hub_cache_dir=tmp_path / "hf", cache_dir=tmp_path / "tc", endpoint=fake.endpoint)
+        with pytest.raises(ModelNotFoundError, match=f"model 'acme/absent' was not found on {fake.endpoint}"):
+            download_model("acme/absent", hub=hub)
+        with pytest.raises(ModelNotFoundError, match=f"model 'acme/tiny' has no revision 'v7' on {fake.endpoint}"):
+            download_model("acme/tiny", "v7", hub=hub)
+
+
+def test_download_command_prints_the_path(hub_repos: dict[str, Path], tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TGICTL_"))},
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    with FakeHub(hub_repos) as fake:
+        env["HF_ENDPOINT"] = fake.endpoint
+        result = subprocess.run(
+            [sys.executable, "-m", "tgictl", "download", "acme/tiny", "--revision", "main"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stderr
+    expected = tmp_path / "hf" / "hub" / "models--acme--tiny" / "snapshots" / fake.commits["acme/tiny"]
+    assert result.stdout == f"{expected}\n"
