@@ -11,6 +11,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tgictl.runtime.router.request import EndEvent
+
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 FAILURE_KINDS = ("validation", "overloaded", "generation", "incomplete", "dropped", "template")
 
@@ -143,6 +145,16 @@ class RouterMetrics:
         self.kv_blocks_total.set_function(kv_total)
         self.kv_blocks_free.set_function(kv_free)
         self.kv_blocks_cached.set_function(kv_cached)
+
+    def observe_end(self, request_s: float, end: EndEvent) -> None:
+        """A request that ended normally, `request_s` after it was admitted."""
+        self.request_success.inc()
+        self.request_duration.observe(request_s)
+        self.queue_duration.observe(end.queued_s)
+        self.inference_duration.observe(end.inference_s)
+        self.generated_tokens.observe(end.generated_tokens)
+        if end.generated_tokens > 0:
+            self.time_per_token.observe(end.inference_s / end.generated_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -234,7 +234,7 @@ class RouterService:
                     return
                 if isinstance(event, EndEvent):
                     ended = True
-                    self._observe_end(admission, event)
+                    self.metrics.observe_end(time.monotonic() - admission.start, event)
                 elif isinstance(event, ErrorEvent):
                     ended = True
                     self.metrics.request_failure.labels(err="generation").inc()
@@ -253,16 +253,6 @@ class RouterService:
                 step.cancel()
             else:
                 await inner.aclose()
-
-    def _observe_end(self, admission: Admission, end: EndEvent) -> None:
-        m = self.metrics
-        m.request_success.inc()
-        m.request_duration.observe(time.monotonic() - admission.start)
-        m.queue_duration.observe(end.queued_s)
-        m.inference_duration.observe(end.inference_s)
-        m.generated_tokens.observe(end.generated_tokens)
-        if end.generated_tokens > 0:
-            m.time_per_token.observe(end.inference_s / end.generated_tokens)
 
     async def check_health(self) -> None:
         if self.draining:
