@@ -66,6 +66,9 @@ def test_openai_temperature_zero_is_greedy_and_choices_get_their_own_seed() -> N
     assert first.max_new_tokens == 4  # max_completion_tokens wins over the deprecated max_tokens
     assert (first.seed, second.seed) == (2**64 - 1, 0)  # wraps around u64
     assert not first.add_special_tokens
+    negative = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "seed": -1})
+    assert negative.generation_input("t", max_new_tokens=None, top_n_tokens=None, choice=1,
+                                     add_special_tokens=False).seed == -1  # left for the validator to refuse
     sampled = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
     gi = sampled.generation_input("t", max_new_tokens=None, top_n_tokens=None, choice=0, add_special_tokens=False)
     assert gi.do_sample and gi.temperature is None and gi.seed is None  # OpenAI samples at T=1 by default

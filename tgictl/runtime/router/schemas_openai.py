@@ -102,7 +102,9 @@ class SamplingFields(BaseModel):
         """One choice's request. Choice i of a seeded request uses seed + i, so the choices differ
         (OpenAI's n) yet the whole answer is reproducible."""
         greedy = self.temperature == 0.0
-        seed = None if self.seed is None else (self.seed + choice) % U64
+        seed = self.seed
+        if seed is not None and seed >= 0:  # a negative seed stays as is, for validation to refuse
+            seed = (seed + choice) % U64
         return GenerationInput(
             inputs=inputs,
             add_special_tokens=add_special_tokens,
