@@ -11,6 +11,7 @@ from starlette.requests import ClientDisconnect
 
 from tgictl.errors import OverloadedError, ValidationError
 from tgictl.runtime.router.responses import (
+    KEEP_ALIVE,
     SSEResponse,
     TgiJSONResponse,
     dumps,
@@ -19,6 +20,7 @@ from tgictl.runtime.router.responses import (
     finite,
     sse,
     until_disconnect,
+    with_keep_alive,
 )
 
 
@@ -93,3 +95,17 @@ def test_until_disconnect_cancels_the_work() -> None:
     assert asyncio.run(until_disconnect(GoneRequest(), work())) is None  # type: ignore[arg-type]
     assert cancelled == [True]
     assert asyncio.run(until_disconnect(StayingRequest(), quick())) == "answer"  # type: ignore[arg-type]
+
+
+def test_keep_alive_comments_while_the_body_waits() -> None:
+    async def slow() -> AsyncIterator[str]:
+        await asyncio.sleep(0.25)
+        yield "data: 1\n\n"
+        yield "data: 2\n\n"
+
+    async def scenario() -> list[str]:
+        return [chunk async for chunk in with_keep_alive(slow(), 0.1)]
+
+    chunks = asyncio.run(scenario())
+    assert chunks[-2:] == ["data: 1\n\n", "data: 2\n\n"]
+    assert chunks[:-2] == [KEEP_ALIVE] * 2 and KEEP_ALIVE == ": keep-alive\n\n"

@@ -51,6 +51,33 @@ def sse(data: Any) -> str:
     return f"data: {data if isinstance(data, str) else dumps(data)}\n\n"
 
 
+KEEP_ALIVE_S = 15.0  # axum's SSE keep-alive period: proxies see traffic while a request waits
+KEEP_ALIVE = ": keep-alive\n\n"  # an SSE comment; clients ignore it
+
+
+async def with_keep_alive(body: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
+    """`body`'s chunks, plus a comment whenever `interval_s` passes without one. The pending read
+    is never cancelled by the timer, only when this iterator is closed."""
+    pending: asyncio.Future[str] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(body))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield KEEP_ALIVE
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()  # ends `body` too: its frame receives the cancellation
+
+
 class SSEResponse(StreamingResponse):
     """A streaming response that always closes its body iterator and runs `on_close`, even when the
     client left before the first byte (Starlette would then never start the iterator)."""
@@ -60,9 +87,11 @@ class SSEResponse(StreamingResponse):
         body: AsyncIterator[str],
         on_close: Callable[[], None],
         headers: dict[str, str] | None = None,
+        keep_alive_s: float = KEEP_ALIVE_S,
     ) -> None:
         all_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
-        super().__init__(body, media_type="text/event-stream", headers=all_headers)
+        self._stream = with_keep_alive(body, keep_alive_s)
+        super().__init__(self._stream, media_type="text/event-stream", headers=all_headers)
         self._body = body
         self._on_close = on_close
 
@@ -71,7 +100,11 @@ class SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             try:
-                await self._body.aclose()
+                await self._stream.aclose()
+                # A body still running is inside a read the wrapper just cancelled, which ends it;
+                # one never started or paused at a yield is closed here.
+                if not getattr(self._body, "ag_running", False):
+                    await self._body.aclose()
             finally:
                 self._on_close()
 
