@@ -69,7 +69,8 @@ def test_static_batches_through_grpc(shard_socket: Path, tmp_path: Path) -> None
         assert figures["prefill_latency"]["count"] == 3  # warm-up runs are not measured
         assert figures["decode_token_latency"]["count"] == 3 * 3
         assert figures["decode_total_latency"]["count"] == 3
-        assert figures["prefill_latency"]["p50"] <= figures["prefill_latency"]["p90"] <= figures["prefill_latency"]["p99"]
+        prefill = figures["prefill_latency"]
+        assert prefill["p50"] <= prefill["p90"] <= prefill["p99"]
         # Throughput is tokens / latency per sample; with an odd count the median is one sample, so the
         # median throughput is tokens over the median latency.
         assert figures["prefill_throughput"]["p50"] == pytest.approx(size * 20 / figures["prefill_latency"]["p50"])

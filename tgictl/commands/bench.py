@@ -47,35 +47,51 @@ def _summary_only(document: dict[str, Any]) -> dict[str, Any]:
 
 def bench(
     ctx: typer.Context,
-    url: Optional[str] = typer.Option(None, "--url", help="Base URL of the server to load, e.g. http://127.0.0.1:8080."),
+    url: Optional[str] = typer.Option(
+        None, "--url", help="Base URL of the server to load, e.g. http://127.0.0.1:8080."
+    ),
     shard: Optional[str] = typer.Option(None, "--shard", help="A shard's Unix socket: gRPC micro-benchmark."),
     api: str = typer.Option("tgi", "--api", help=f"One of {', '.join(BENCH_APIS)}."),
     model_id: Optional[str] = typer.Option(
         None, "--model-id", help="Model whose tokenizer sizes prompts exactly (default: the one the server names)."
     ),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory or hub id (overrides --model-id)."),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory or hub id (overrides --model-id)."
+    ),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Sent as a Bearer token."),
     workload: str = typer.Option("random", "--workload", help=f"One of {', '.join(BENCH_WORKLOADS)}."),
-    input_len: str = typer.Option("256", "--input-len", help="Prompt tokens, N or MIN:MAX (shared-prefix: after the prefix)."),
+    input_len: str = typer.Option(
+        "256", "--input-len", help="Prompt tokens, N or MIN:MAX (shared-prefix: after the prefix)."
+    ),
     output_len: Optional[str] = typer.Option(
         None, "--output-len", show_default=False,
-        help="New tokens per request, N or MIN:MAX (default 128; file: the reference replies when a tokenizer is known).",
+        help="New tokens per request, N or MIN:MAX (default 128; file: the reference replies when a "
+        "tokenizer is known).",
     ),
     prefix_len: int = typer.Option(1024, "--prefix-len", help="shared-prefix: tokens of each group's system prompt."),
     groups: int = typer.Option(4, "--groups", help="shared-prefix: number of system prompts."),
     prompts_per_group: int = typer.Option(8, "--prompts-per-group", help="shared-prefix: prompts per system prompt."),
-    dataset: Optional[Path] = typer.Option(None, "--dataset", help="file: JSONL (or a JSON array) of ShareGPT / messages / prompt objects."),
-    concurrency: str = typer.Option("1", "--concurrency", help="Closed loop: clients, comma-separated for a sweep (1,8,32)."),
+    dataset: Optional[Path] = typer.Option(
+        None, "--dataset", help="file: JSONL (or a JSON array) of ShareGPT / messages / prompt objects."
+    ),
+    concurrency: str = typer.Option(
+        "1", "--concurrency", help="Closed loop: clients, comma-separated for a sweep (1,8,32)."
+    ),
     request_rate: Optional[str] = typer.Option(
-        None, "--request-rate", show_default=False, help="Open loop: Poisson arrivals per second (comma-separated for a sweep)."
+        None, "--request-rate", show_default=False,
+        help="Open loop: Poisson arrivals per second (comma-separated for a sweep).",
     ),
     num_requests: Optional[int] = typer.Option(
         None, "--num-requests", show_default=False, help="Requests per run (default: the workload's size; random: 100)."
     ),
     duration: Optional[float] = typer.Option(None, "--duration", show_default=False, help="Seconds per run."),
     warmup: int = typer.Option(0, "--warmup", help="Requests sent before the first run, not measured."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Ask the server to generate past EOS (exact output lengths)."),
-    slo: Optional[str] = typer.Option(None, "--slo", show_default=False, help="Goodput bounds in seconds, e.g. ttft=0.5,tpot=0.05."),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="Ask the server to generate past EOS (exact output lengths)."
+    ),
+    slo: Optional[str] = typer.Option(
+        None, "--slo", show_default=False, help="Goodput bounds in seconds, e.g. ttft=0.5,tpot=0.05."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seeds the workload and the Poisson arrivals."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write the JSON result (per-request records) here."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Seconds one request may take."),

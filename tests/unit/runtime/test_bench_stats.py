@@ -81,7 +81,8 @@ def test_goodput_counts_requests_within_every_bound() -> None:
     assert result.fraction == pytest.approx(2 / 5)  # the failed request counts as a miss
 
 
-def _record(index: int, ttft: float, e2e: float, times: list[float], prompt: int, error: str | None = None) -> RequestRecord:
+def _record(index: int, ttft: float, e2e: float, times: list[float], prompt: int,
+            error: str | None = None) -> RequestRecord:
     return RequestRecord(index=index, group=None, prompt_tokens=prompt, output_tokens=len(times), ttft_s=ttft,
                          e2e_s=e2e, token_times=times, error=error)
 
