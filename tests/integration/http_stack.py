@@ -7,6 +7,7 @@ processes are killed in teardown. Small warmup and KV settings keep start-up to 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -114,3 +115,4 @@ def http_stack(
             _stop(process)
         shard_log.close()
         router_log.close()
+        shutil.rmtree(uds.parent, ignore_errors=True)
