@@ -1,0 +1,182 @@
+"""Router core against a real shard process (issue 5): the batcher, queue, radix allocator and
+ShardedClient scheduling real forwards, without the HTTP layer."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from tgictl.proto.messages import Batch, CachedBatch, SamplingParams, StepResult, WarmupRequest
+from tgictl.runtime.router.batcher import Batcher, BatcherConfig
+from tgictl.runtime.router.client import ShardedClient
+from tgictl.runtime.router.infer import Infer, InferConfig
+from tgictl.runtime.router.queue import Queue
+from tgictl.runtime.router.radix import RadixAllocator
+from tgictl.runtime.router.request import EndEvent, StreamEvent, TokenEvent, ValidatedRequest
+from tgictl.runtime.router.request_state import TokenTexts
+
+from shard_procs import BLOCK_SIZE, REPO_ROOT, ShardProc, start_shard, warmup_batch
+
+
+@pytest.fixture(scope="module")
+def shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardProc]:
+    base = tmp_path_factory.mktemp("router-core")
+    proc = start_shard(tiny_model_dir, base / "s", base / "shard.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.kill()
+
+
+class RecordingClient:
+    """The real ShardedClient, recording the batches the router sends (what the shard is told)."""
+
+    def __init__(self, inner: ShardedClient) -> None:
+        self.inner = inner
+        self.prefills: list[Batch] = []
+
+    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
+        self.prefills.append(batch)
+        return await self.inner.prefill(batch, cached)
+
+    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
+        return await self.inner.decode(batches)
+
+    async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
+        return await self.inner.filter_batch(batch_id, request_ids)
+
+    async def clear_cache(self, batch_id: int | None) -> None:
+        await self.inner.clear_cache(batch_id)
+
+
+@dataclass
+class Stack:
+    client: RecordingClient
+    allocator: RadixAllocator
+    batcher: Batcher
+    infer: Infer
+
+    def no_leak(self) -> None:
+        self.allocator.check_integrity()
+        assert self.allocator.free_blocks + self.allocator.cached_blocks == self.allocator.total_blocks
+
+
+async def make_stack(socket_path: Path, tokenizer_dir: Path, prefill_tokens: int = 512) -> Stack:
+    inner = await ShardedClient.connect(str(socket_path))
+    await inner.clear_cache(None)
+    warm = await inner.warmup(WarmupRequest(batch=warmup_batch(), max_prefill_tokens=prefill_tokens))
+    num_blocks = min(warm.max_supported_total_tokens // BLOCK_SIZE, 512)
+    allocator = RadixAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    texts = TokenTexts(tokenizer, frozenset())
+    client = RecordingClient(inner)
+    batcher = Batcher(
+        client, Queue(allocator, block_size=BLOCK_SIZE, support_chunking=True), allocator, texts,
+        BatcherConfig(max_batch_prefill_tokens=prefill_tokens, max_batch_total_tokens=num_blocks * BLOCK_SIZE),
+    )
+    return Stack(client, allocator, batcher, Infer(batcher, InferConfig(max_total_tokens=2048)))
+
+
+def greedy(prompt: tuple[int, ...], n: int) -> ValidatedRequest:
+    return ValidatedRequest(input_ids=prompt, sampling=SamplingParams(), max_new_tokens=n, ignore_eos=True)
+
+
+async def tokens(stack: Stack, request: ValidatedRequest) -> list[int]:
+    events: list[StreamEvent] = [e async for e in stack.infer.stream(request)]
+    assert isinstance(events[-1], EndEvent), events[-1]
+    return [e.token.id for e in events if isinstance(e, (TokenEvent, EndEvent))]
+
+
+def run(shard: ShardProc, tiny_model_dir: Path, scenario, **kw: int):  # type: ignore[no-untyped-def]
+    async def main():  # type: ignore[no-untyped-def]
+        stack = await make_stack(shard.socket_path, tiny_model_dir, **kw)
+        task = asyncio.create_task(stack.batcher.run())
+        try:
+            return await asyncio.wait_for(scenario(stack), timeout=120)
+        finally:
+            task.cancel()
+            await stack.client.inner.close()
+
+    return asyncio.run(main())
+
+
+def prompts(count: int) -> list[tuple[int, ...]]:
+    return [tuple(5 + (i * 7 + j * 3) % 400 for j in range(3 + (i * 5) % 29)) for i in range(count)]
+
+
+def test_32_concurrent_requests_equal_each_alone(shard: ShardProc, tiny_model_dir: Path) -> None:
+    requests = [greedy(p, 1 + (i * 3) % 12) for i, p in enumerate(prompts(32))]
+
+    async def scenario(stack: Stack) -> tuple[list[list[int]], list[list[int]]]:
+        alone = [await tokens(stack, r) for r in requests]
+        together = await asyncio.gather(*(tokens(stack, r) for r in requests))
+        stack.no_leak()
+        return alone, list(together)
+
+    alone, together = run(shard, tiny_model_dir, scenario)
+    assert together == alone
+    assert [len(t) for t in alone] == [r.max_new_tokens for r in requests]
+
+
+def test_a_shared_prefix_is_computed_once(shard: ShardProc, tiny_model_dir: Path) -> None:
+    prefix = tuple(10 + (i * 11) % 300 for i in range(200))
+    first, second = prefix + (7, 8, 9), prefix + (40, 41)
+
+    async def scenario(stack: Stack) -> tuple[list[int], list[int], list[int]]:
+        cold = await tokens(stack, greedy(second, 6))  # computes the prefix, publishes 12 blocks
+        await tokens(stack, greedy(first, 4))
+        warm = await tokens(stack, greedy(second, 6))
+        stack.no_leak()
+        return cold, warm, [r.requests[0].cache_len for r in stack.client.prefills]
+
+    cold, warm, cache_lens = run(shard, tiny_model_dir, scenario)
+    assert cache_lens == [0, 192, 192]  # 200 // 16 full blocks reused: only the suffix is computed
+    assert warm == cold
+
+
+def test_a_prompt_longer_than_the_prefill_budget_is_chunked(shard: ShardProc, tiny_model_dir: Path) -> None:
+    long_prompt = tuple(20 + (i * 13) % 350 for i in range(150))
+
+    async def scenario(stack: Stack) -> tuple[list[int], list[int | None]]:
+        out = await tokens(stack, greedy(long_prompt, 5))
+        stack.no_leak()
+        return out, [r.requests[0].chunk_len for r in stack.client.prefills]
+
+    chunked, chunk_lens = run(shard, tiny_model_dir, scenario, prefill_tokens=64)
+    whole, _ = run(shard, tiny_model_dir, scenario, prefill_tokens=512)
+    assert chunk_lens == [64]
+    assert chunked == whole
+
+
+def test_a_client_that_leaves_mid_generation_frees_its_blocks(shard: ShardProc, tiny_model_dir: Path) -> None:
+    async def scenario(stack: Stack) -> int:
+        stream = stack.infer.stream(greedy(prompts(1)[0], 200))
+        seen = 0
+        async for _ in stream:
+            seen += 1
+            if seen == 3:
+                break
+        await stream.aclose()
+        before = stack.allocator.used_blocks
+        other = await tokens(stack, greedy(prompts(2)[1], 3))  # the next steps filter the leaver out
+        assert len(other) == 3 and stack.batcher.in_flight == 0
+        stack.no_leak()
+        return before
+
+    assert run(shard, tiny_model_dir, scenario) > 0
+
+
+def test_importing_the_router_never_imports_torch() -> None:
+    code = (
+        "import sys, tgictl.runtime.router.service, tgictl.runtime.router.server, tgictl.commands.router\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=120)
