@@ -88,10 +88,11 @@ async def _generate(
     prefix = body.inputs if return_full_text else ""
     content: dict[str, Any] = {"generated_text": prefix + tgi_text(best.end)}
     if params.details or params.decoder_input_details:
-        details = _details(best, params.decoder_input_details)
+        with_prefill = bool(params.decoder_input_details)
+        details = _details(best, with_prefill)
         if best_of > 1:
             details["best_of_sequences"] = [
-                {"generated_text": prefix + tgi_text(o.end), **_details(o, params.decoder_input_details)}
+                {"generated_text": prefix + tgi_text(o.end), **_details(o, with_prefill)}
                 for o in outcomes if o is not best
             ]
         content["details"] = details
