@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from tgictl.commands.profile import parse_size
+from tgictl.units import parse_size
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig, RouterConfig
 from tgictl.env import read_env
 

@@ -8,7 +8,6 @@ shard's warmup probe belongs here once the launcher can start shards for it.)
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
@@ -19,7 +18,7 @@ from rich.table import Table
 
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
-from tgictl.errors import ConfigError, UsageError
+from tgictl.errors import ConfigError
 from tgictl.runtime.budgets import (
     DTYPE_BYTES,
     Budgets,
@@ -31,25 +30,7 @@ from tgictl.runtime.budgets import (
 )
 from tgictl.runtime.hardware import Hardware, discover_hardware, lookup_card_flops
 from tgictl.runtime.hub import load_model_config, resolve_model
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-# Binary units for K/M/G/T with or without "i"/"iB" (memory is sized in powers of two); "KB"/"MB"/...
-# are the decimal units their names promise.
-_SIZE_UNITS: dict[str, int] = {"": 1, "b": 1} | {
-    spelling: base**power
-    for power, letter in enumerate("kmgt", start=1)
-    for spelling, base in ((letter, 1024), (f"{letter}i", 1024), (f"{letter}ib", 1024), (f"{letter}b", 1000))
-}
-
-
-def parse_size(text: str) -> int:
-    """"4GiB", "512MiB", "2G" (binary), "1GB" (decimal) or plain bytes → bytes."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise UsageError(f"--kv-cache-memory must be a size such as 4GiB, 512MiB or 1000000, got {text!r}")
-    number, unit = match.groups()
-    return int(float(number) * _SIZE_UNITS[(unit or "").lower()])
-
+from tgictl.units import parse_size
 
 def read_model_files(model_dir: Path) -> tuple[dict[str, Any], int | None]:
     """config.json, and the tokenizer's model_max_length when tokenizer_config.json states one."""

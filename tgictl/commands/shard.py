@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from tgictl.commands.profile import parse_size
+from tgictl.units import parse_size
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, HubConfig, ShardConfig, default_uds_path
 from tgictl.env import read_env
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tgictl.commands.profile import parse_size, profile_report, read_model_files, render_report
-from tgictl.errors import ModelNotFoundError, UsageError
+from tgictl.commands.profile import profile_report, read_model_files, render_report
+from tgictl.errors import ModelNotFoundError
 from tgictl.runtime.budgets import BudgetSettings, compute_budgets, model_shape
 from tgictl.runtime.hardware import CpuHost, GpuDevice, Hardware, discover_gpus
 
@@ -40,21 +40,6 @@ def run_tgictl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tgictl", *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("4GiB", 4 * GIB), ("512MiB", 512 << 20), ("2G", 2 * GIB), ("1GB", 10**9), ("1.5KiB", 1536),
-     ("123", 123), (" 64 kb ", 64000), ("7B", 7)],
-)
-def test_parse_size(text: str, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "lots", "-1GiB", "4 PiB", "GiB"])
-def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(UsageError, match="--kv-cache-memory"):
-        parse_size(text)
 
 
 def test_read_model_files(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
