@@ -132,3 +132,10 @@ class Env:
 def read_env() -> Env:
     """The current process environment as an Env."""
     return Env.from_environ()
+
+
+def inherited_environ() -> dict[str, str]:
+    """A copy of this process's environment for the processes it starts: they inherit variables
+    tgictl never interprets (PATH, CUDA_VISIBLE_DEVICES, ...), and the caller edits the copy, never
+    os.environ."""
+    return dict(os.environ)

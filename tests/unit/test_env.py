@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tgictl.env import Env
+from tgictl.env import Env, inherited_environ
 from tgictl.errors import ConfigError
 
 
@@ -67,3 +68,16 @@ def test_hf_hub_cache_wins_over_hf_home() -> None:
 def test_malformed_values_fail_loudly(name: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Env.from_environ({"HOME": "/h", name: value})
+
+
+def test_inherited_environ_is_a_copy_children_may_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TGICTL_TEST_INHERITED", "kept")
+    monkeypatch.delenv("TGICTL_TEST_ADDED", raising=False)
+    child = inherited_environ()
+    assert child["TGICTL_TEST_INHERITED"] == "kept"
+    assert type(child) is dict
+    child["TGICTL_TEST_ADDED"] = "1"
+    del child["TGICTL_TEST_INHERITED"]
+    # The launcher edits the copy per child; this process's own environment stays as it was.
+    assert os.environ["TGICTL_TEST_INHERITED"] == "kept"
+    assert "TGICTL_TEST_ADDED" not in os.environ

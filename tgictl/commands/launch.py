@@ -6,7 +6,6 @@ runtime/launcher.launch. Shard options and every router option pass through unch
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -14,7 +13,7 @@ import typer
 
 from tgictl.units import parse_size
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig, RouterConfig
-from tgictl.env import read_env
+from tgictl.env import inherited_environ, read_env
 
 
 def launch(
@@ -119,7 +118,7 @@ def launch(
     )
     log_config = ctx.obj if isinstance(ctx.obj, LogConfig) else LogConfig()
     # The children start from this process's environment (cli.py exported the logging setup into it).
-    run_launch(config, log_config, read_env(), dict(os.environ))
+    run_launch(config, log_config, read_env(), inherited_environ())
 
 
 def register(app: typer.Typer) -> None:
