@@ -45,14 +45,14 @@ _WARMUP_SEED_OFFSET = 1_000_003
 _RUN_SEED_STRIDE = 7919
 
 
-def load_tokenizer(name: str) -> RouterTokenizer:
+def load_tokenizer(name: str, allow_download: bool = True) -> RouterTokenizer:
     """A directory holding tokenizer.json as is; anything else resolves like a model id."""
     local = Path(name).expanduser()
     if (local / "tokenizer.json").is_file():
         return RouterTokenizer(local)
     from tgictl.runtime.hub import resolve_model  # only when needed: it may convert the default model
 
-    return RouterTokenizer(resolve_model(name))
+    return RouterTokenizer(resolve_model(name, allow_download=allow_download))
 
 
 async def server_model_id(client: httpx.AsyncClient) -> str | None:
@@ -73,7 +73,9 @@ async def _tokenizer(config: BenchConfig, client: httpx.AsyncClient) -> RouterTo
     if served is None:
         return None
     try:
-        return load_tokenizer(served)
+        # Only what this machine already has: a whole model download for a tokenizer nobody asked
+        # for would be a surprise.
+        return load_tokenizer(served, allow_download=False)
     except (ModelNotFoundError, ConfigError) as err:
         log.warning("no tokenizer for the served model %r (%s); pass --tokenizer", served, err)
         return None
