@@ -324,13 +324,13 @@ def _max_total_tokens(
 ) -> Sourced:
     if settings.max_total_tokens is not None:
         return settings.max_total_tokens, "--max-total-tokens"
-    limits = [(capacity, "KV capacity")]
+    limits = [(capacity, "KV capacity less block 0")]
     if tokenizer_max_length is not None and tokenizer_max_length < UNSET_MODEL_MAX_LENGTH:
         limits.append((tokenizer_max_length, "tokenizer model_max_length"))
     if shape.max_position_embeddings is not None:
         limits.append((shape.max_position_embeddings, "max_position_embeddings"))
     value, name = min(limits, key=lambda limit: limit[0])
-    return value, f"min(KV capacity, tokenizer model_max_length, max_position_embeddings): {name}"
+    return value, f"min(KV capacity less block 0, tokenizer model_max_length, max_position_embeddings): {name}"
 
 
 def _problems(
@@ -380,7 +380,10 @@ def compute_budgets(
     kv_memory, kv_memory_source = _kv_memory(hardware, settings, weights, prefill * activations)
     blocks = kv_memory // kv_block
     batch_total = blocks * settings.block_size
-    max_total, max_total_source = _max_total_tokens(shape, settings, batch_total, tokenizer_max_length)
+    # One request can use every block but block 0 (reserved for health probes), as the shard's warmup
+    # computes its default max_total_tokens.
+    request_capacity = max(blocks - 1, 0) * settings.block_size
+    max_total, max_total_source = _max_total_tokens(shape, settings, request_capacity, tokenizer_max_length)
     if settings.max_input_tokens is not None:
         max_input, max_input_source = settings.max_input_tokens, "--max-input-tokens"
     else:

@@ -176,7 +176,9 @@ def test_small_kv_budget_reports_problems() -> None:
     budgets = compute_budgets(shape, cpu_hardware(), BudgetSettings(kv_cache_memory_bytes=81920))
     assert budgets.kv_cache_memory_bytes_per_shard.source == "--kv-cache-memory"
     assert (budgets.kv_blocks.value, budgets.max_batch_total_tokens.value) == (10, 160)
-    assert (budgets.max_total_tokens.value, budgets.max_input_tokens.value) == (160, 159)
+    # One request gets every block but block 0: 9 · 16 (the shard's warmup default)
+    assert (budgets.max_total_tokens.value, budgets.max_input_tokens.value) == (144, 143)
+    assert budgets.max_total_tokens.source.endswith(": KV capacity less block 0")
     assert budgets.problems == ("max_batch_prefill_tokens (256) must be <= max_batch_total_tokens (160)",)
 
     settings = BudgetSettings(kv_cache_memory_bytes=81920, max_total_tokens=200, max_input_tokens=100)
