@@ -1,0 +1,112 @@
+"""The router's options, declared once for the two commands that take them: `tgictl router` serves
+with them, `tgictl launch` hands them to the router it starts. One table keeps the two from drifting
+apart (a flag, a help text or a default changed in one place only).
+
+A command decorated with `with_router_options` gets every option below added to its own flags and
+receives their parsed values as one `RouterFlags`, from which it builds its RouterConfig.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import typer
+
+from tgictl.config import RouterConfig
+
+# RouterConfig is the single source of the defaults (the launcher's router_argv compares against it too).
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RouterConfig)}
+
+# (RouterConfig field, parameter type, option). The parameter is named after the field, so the parsed
+# values are RouterConfig keyword arguments as they are (only cors_allow_origin needs a tuple).
+_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("hostname", str, typer.Option(_DEFAULTS["hostname"], "--hostname", help="Address the HTTP server listens on.")),
+    ("port", int, typer.Option(_DEFAULTS["port"], "--port", help="HTTP port.")),
+    ("graceful_termination_timeout_s", float, typer.Option(
+        _DEFAULTS["graceful_termination_timeout_s"], "--graceful-termination-timeout",
+        help="Seconds in-flight requests may run after SIGTERM.",
+    )),
+    ("max_concurrent_requests", int, typer.Option(
+        _DEFAULTS["max_concurrent_requests"], "--max-concurrent-requests", help="Beyond this: 429."
+    )),
+    ("max_input_tokens", Optional[int], typer.Option(
+        None, "--max-input-tokens", show_default=False, help="Default: from warmup (max_total_tokens - 1)."
+    )),
+    ("max_total_tokens", Optional[int], typer.Option(
+        None, "--max-total-tokens", show_default=False, help="Default: from warmup."
+    )),
+    ("max_batch_prefill_tokens", Optional[int], typer.Option(
+        None, "--max-batch-prefill-tokens", show_default=False,
+        help="Default: 4096, at most max_position_embeddings and the KV capacity.",
+    )),
+    ("max_batch_total_tokens", Optional[int], typer.Option(
+        None, "--max-batch-total-tokens", show_default=False,
+        help="Default and maximum: the KV tokens the shards hold after warmup.",
+    )),
+    ("max_batch_size", Optional[int], typer.Option(None, "--max-batch-size", show_default=False)),
+    ("waiting_served_ratio", float, typer.Option(
+        _DEFAULTS["waiting_served_ratio"], "--waiting-served-ratio", help="Without chunking only."
+    )),
+    ("max_waiting_tokens", int, typer.Option(
+        _DEFAULTS["max_waiting_tokens"], "--max-waiting-tokens", help="Without chunking only."
+    )),
+    ("max_best_of", int, typer.Option(_DEFAULTS["max_best_of"], "--max-best-of")),
+    ("max_stop_sequences", int, typer.Option(_DEFAULTS["max_stop_sequences"], "--max-stop-sequences")),
+    ("max_top_n_tokens", int, typer.Option(_DEFAULTS["max_top_n_tokens"], "--max-top-n-tokens")),
+    ("max_client_batch_size", int, typer.Option(
+        _DEFAULTS["max_client_batch_size"], "--max-client-batch-size",
+        help="Most prompts x n choices in one OpenAI request.",
+    )),
+    ("api_key", Optional[str], typer.Option(
+        None, "--api-key", show_default=False, help="Require `Authorization: Bearer KEY` on generating routes."
+    )),
+    ("cors_allow_origin", Optional[list[str]], typer.Option(
+        None, "--cors-allow-origin", show_default=False, help="Repeatable; default: any origin."
+    )),
+    ("payload_limit", int, typer.Option(
+        _DEFAULTS["payload_limit"], "--payload-limit", help="Largest request body in bytes."
+    )),
+    ("validation_workers", int, typer.Option(
+        _DEFAULTS["validation_workers"], "--validation-workers", help="Tokenizer threads."
+    )),
+)
+_FLAGS_PARAMETER = "router_flags"
+
+
+@dataclass(frozen=True)
+class RouterFlags:
+    """The router options as parsed: RouterConfig field → value, for every option in the table."""
+
+    values: Mapping[str, Any]
+
+    def config(self, *, master_shard_uds_path: str, tokenizer_name: str) -> RouterConfig:
+        """The RouterConfig these flags describe (validated there: a bad value raises ConfigError)."""
+        return RouterConfig(master_shard_uds_path=master_shard_uds_path, tokenizer_name=tokenizer_name, **self.values)
+
+
+def with_router_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with the router options added after its own flags. `command` declares a keyword-only
+    `router_flags: RouterFlags` parameter, which Typer never sees: it is filled from those options."""
+    own = inspect.signature(command, eval_str=True)
+    if _FLAGS_PARAMETER not in own.parameters:
+        raise TypeError(f"{command.__name__} must take a `{_FLAGS_PARAMETER}: RouterFlags` parameter")
+    parameters = [p for p in own.parameters.values() if p.name != _FLAGS_PARAMETER]
+    parameters += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+        for name, kind, option in _OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def parsed(**kwargs: Any) -> None:
+        router = {name: kwargs.pop(name) for name, _, _ in _OPTIONS}
+        router["cors_allow_origin"] = tuple(router["cors_allow_origin"] or ())
+        command(**kwargs, **{_FLAGS_PARAMETER: RouterFlags(router)})
+
+    # Typer reads a command's flags from its signature and type hints: show it the combined ones.
+    parsed.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+    parsed.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": own.return_annotation}
+    return parsed
