@@ -66,6 +66,26 @@ def _path(environ: Mapping[str, str], name: str) -> Path | None:
     return Path(raw).expanduser() if raw is not None else None
 
 
+def _visible_devices(environ: Mapping[str, str], name: str) -> tuple[int, ...] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: unset → None (every GPU); "" → no GPU; "1,0" → those
+    indices in that order. Negative or missing indices are kept: CUDA ends the list at the first index
+    that does not exist (so "-1" hides every GPU), and hardware.discover_gpus applies that rule."""
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if text == "":
+        return ()
+    if text.upper().startswith(("GPU-", "MIG-")):
+        # UUID and MIG forms name devices NVML would have to look up; discovery then lists every GPU
+        # rather than guessing which ones these are.
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{name} must be a comma-separated list of GPU indices such as 0,1, got {raw!r}") from None
+
+
 @dataclass(frozen=True)
 class Env:
     """A typed snapshot of the environment variables tgictl understands."""
@@ -88,6 +108,8 @@ class Env:
     world_size: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    # CUDA_VISIBLE_DEVICES as NVML indices in CUDA's order; None: unset, or a UUID/MIG form.
+    cuda_visible_devices: tuple[int, ...] | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -112,6 +134,7 @@ class Env:
             world_size=_int(env, "WORLD_SIZE", minimum=1),
             master_addr=_text(env, "MASTER_ADDR"),
             master_port=master_port,
+            cuda_visible_devices=_visible_devices(env, "CUDA_VISIBLE_DEVICES"),
         )
 
     @property

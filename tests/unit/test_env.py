@@ -63,11 +63,30 @@ def test_hf_hub_cache_wins_over_hf_home() -> None:
         ("WORLD_SIZE", "0", "WORLD_SIZE must be >= 1, got 0"),
         ("MASTER_PORT", "70000", "MASTER_PORT must be <= 65535, got 70000"),
         ("HF_HUB_ETAG_TIMEOUT", "-1", "HF_HUB_ETAG_TIMEOUT must be > 0"),
+        ("CUDA_VISIBLE_DEVICES", "0,a", "CUDA_VISIBLE_DEVICES must be a comma-separated list of GPU indices"),
+        ("CUDA_VISIBLE_DEVICES", "0,,1", "got '0,,1'"),
     ],
 )
 def test_malformed_values_fail_loudly(name: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Env.from_environ({"HOME": "/h", name: value})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),  # unset: every GPU
+        ("", ()),  # set but empty: CUDA shows no GPU
+        ("1,0", (1, 0)),  # CUDA's order, which is not NVML's
+        (" 2 , 3 ", (2, 3)),
+        ("-1", (-1,)),  # kept: discovery ends the list at the first index that does not exist
+        ("GPU-8a2f9c1e-4b1d-4f55-9a6b-0c1d2e3f4a5b", None),  # UUIDs are not narrowed (see env.py)
+        ("MIG-GPU-8a2f9c1e/1/0", None),
+    ],
+)
+def test_cuda_visible_devices(value: str | None, expected: tuple[int, ...] | None) -> None:
+    environ = {"HOME": "/h"} | ({"CUDA_VISIBLE_DEVICES": value} if value is not None else {})
+    assert Env.from_environ(environ).cuda_visible_devices == expected
 
 
 def test_inherited_environ_is_a_copy_children_may_change(monkeypatch: pytest.MonkeyPatch) -> None:
