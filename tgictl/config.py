@@ -160,6 +160,9 @@ class RouterConfig:
 
     master_shard_uds_path: str
     tokenizer_name: str
+    # The name /info, /v1/models and OpenAI responses report. None: tokenizer_name. The launcher sets
+    # it to the model id the user asked for, since its tokenizer_name is the resolved local directory.
+    served_model_name: str | None = None
     hostname: str = "127.0.0.1"
     port: int = 8080
     max_concurrent_requests: int = 128
@@ -221,6 +224,13 @@ class RouterConfig:
             )
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must not be empty")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ConfigError("served_model_name must not be empty")
+
+    @property
+    def model_name(self) -> str:
+        """The model's name as the API reports it."""
+        return self.served_model_name if self.served_model_name is not None else self.tokenizer_name
 
 
 @dataclass(frozen=True)
@@ -229,8 +239,9 @@ class LaunchConfig:
 
     `router` carries every router option; the launcher replaces its `master_shard_uds_path` and
     `tokenizer_name` with rank 0's socket and the resolved model directory, so both are placeholders
-    here. `shard_uds_path` None: a fresh private directory per launch, removed on exit (two launches
-    by one user never share sockets).
+    here, and sets its `served_model_name` to `model_id` unless the user chose one. `shard_uds_path`
+    None: a fresh private directory per launch, removed on exit (two launches by one user never share
+    sockets).
     """
 
     router: RouterConfig

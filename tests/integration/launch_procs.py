@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,8 +118,10 @@ class LaunchProc:
 
 
 def start_launch(
-    model_dir: Path, tmp_path: Path, *, num_shard: int = 1, extra_args: tuple[str, ...] = ()
+    model: Path | str, tmp_path: Path, *, num_shard: int = 1, extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> LaunchProc:
+    """`model`: a local directory, or a hub id that `extra_env`'s HF_HUB_CACHE holds."""
     port = free_port()
     socket_dir = tmp_path / "sockets"
     uds_base = socket_dir / "s"
@@ -126,8 +129,9 @@ def start_launch(
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"  # several processes share two cores
     env["HF_HUB_OFFLINE"] = "1"
+    env.update(extra_env or {})
     command = [
-        sys.executable, "-m", "tgictl", "--json-output", "launch", "--model-id", str(model_dir),
+        sys.executable, "-m", "tgictl", "--json-output", "launch", "--model-id", str(model),
         "--num-shard", str(num_shard), "--port", str(port), "--shard-uds-path", str(uds_base),
         "--dtype", "float32", "--kv-cache-memory", "8MiB", "--max-total-tokens", "1024", *extra_args,
     ]  # fmt: skip
@@ -135,3 +139,15 @@ def start_launch(
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     return LaunchProc(proc, port, uds_base, log_path, num_shard)
+
+
+def hub_cache_holding(model_dir: Path, repo_id: str, cache_dir: Path) -> Path:
+    """An HF hub cache (the layout huggingface_hub writes) holding `model_dir` as `repo_id` at main, so
+    a launch resolves a hub id offline as it would after `tgictl download`. Returns the snapshot."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache_dir / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

@@ -18,6 +18,7 @@ import pytest
 from tests.integration.http_stack import Stack, http_stack
 
 KEY = "s3cret-key"
+SERVED = "tgictl-test/served"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = {"inputs": "the quick brown fox jumps over the lazy dog",
         "parameters": {"max_new_tokens": 2000, "ignore_eos": True}}  # seconds of decoding
@@ -26,7 +27,7 @@ LONG = {"inputs": "the quick brown fox jumps over the lazy dog",
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     args = ["--max-concurrent-requests", "2", "--api-key", KEY, "--cors-allow-origin", "https://example.org",
-            "--max-total-tokens", "2048", "--graceful-termination-timeout", "0.5"]
+            "--max-total-tokens", "2048", "--graceful-termination-timeout", "0.5", "--served-model-name", SERVED]
     with http_stack(tiny_model_dir, tmp_path_factory.mktemp("http-ops"), router_args=args) as running:
         yield running
 
@@ -74,6 +75,17 @@ def test_api_key(stack: Stack, http: httpx.Client) -> None:
         model="tgi", prompt="hi", max_tokens=1
     )
     assert ok.usage.completion_tokens == 1
+
+
+def test_served_model_name_replaces_the_tokenizer_path_everywhere(stack: Stack, http: httpx.Client) -> None:
+    assert http.get("/info").json()["model_id"] == SERVED
+    assert http.get("/v1/models").json()["data"] == [
+        {"id": SERVED, "object": "model", "created": 0, "owned_by": SERVED}
+    ]
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
+    assert client.completions.create(model="tgi", prompt="hi", max_tokens=1).model == SERVED
+    chat = client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert chat.model == SERVED
 
 
 def test_cors(http: httpx.Client) -> None:

@@ -1,8 +1,9 @@
 """`tgictl launch` end to end on the tiny llama, as a user runs it: real shards, real router, HTTP.
 
 Two launches serve the whole module (each costs seconds on two cores): one shard, then two. The
-single-shard launch records greedy outputs and is stopped with SIGTERM in the middle of a stream;
-the two-shard launch must give the same outputs and is ended by `kill -9` of a shard.
+single-shard launch serves a hub id from an offline HF cache (as after `tgictl download`), records
+the name the API reports and greedy outputs, and is stopped with SIGTERM in the middle of a stream;
+the two-shard launch (a local directory) must give the same outputs and is ended by `kill -9` of a shard.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 
 import httpx
 import pytest
-from launch_procs import REPO_ROOT, LaunchProc, start_launch
+from launch_procs import REPO_ROOT, LaunchProc, hub_cache_holding, start_launch
 
+HUB_ID = "tgictl-test/tiny-llama"
 PROMPTS = ("hello world", "the quick brown fox", "a b c d e f g")
 GREEDY = {"max_new_tokens": 12, "decoder_input_details": False, "details": True}
 
@@ -37,8 +39,21 @@ def greedy_outputs(launch: LaunchProc, client: httpx.Client) -> list[tuple[str, 
     return outputs
 
 
+def served_names(launch: LaunchProc, client: httpx.Client) -> dict[str, Any]:
+    """The model name as /info, /v1/models and an OpenAI completion report it."""
+    completion = client.post(f"{launch.url}/v1/completions", json={"model": "tgi", "prompt": "hi", "max_tokens": 1},
+                             timeout=60)  # fmt: skip
+    assert completion.status_code == 200, completion.text
+    return {
+        "info": client.get(f"{launch.url}/info").json()["model_id"],
+        "models": [m["id"] for m in client.get(f"{launch.url}/v1/models").json()["data"]],
+        "completion": completion.json()["model"],
+    }
+
+
 @dataclass
 class SingleShardRun:
+    served: dict[str, Any]
     outputs: list[tuple[str, list[int]]]
     stream_events: list[dict[str, Any]]
     exit_code: int
@@ -61,13 +76,16 @@ def stream_events(launch: LaunchProc, client: httpx.Client, first_event: threadi
 
 @pytest.fixture(scope="module")
 def single_shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SingleShardRun]:
+    work = tmp_path_factory.mktemp("launch1")
+    hub_cache_holding(tiny_model_dir, HUB_ID, work / "hub")
     launch = start_launch(
-        tiny_model_dir, tmp_path_factory.mktemp("launch1"), num_shard=1,
-        extra_args=("--graceful-termination-timeout", "2"),
+        HUB_ID, work, num_shard=1, extra_args=("--graceful-termination-timeout", "2"),
+        extra_env={"HF_HUB_CACHE": str(work / "hub")},
     )  # fmt: skip
     try:
         with httpx.Client() as client:
             launch.wait_healthy(client)
+            served = served_names(launch, client)
             outputs = greedy_outputs(launch, client)
             first = threading.Event()
             result: list[list[dict[str, Any]]] = []
@@ -79,7 +97,7 @@ def single_shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
             reader.join(60)
             exit_code = launch.wait_exit(60)
             stop_s = time.monotonic() - start
-        yield SingleShardRun(outputs, result[0] if result else [], exit_code, stop_s, launch)
+        yield SingleShardRun(served, outputs, result[0] if result else [], exit_code, stop_s, launch)
     finally:
         launch.stop()
 
@@ -101,6 +119,10 @@ def test_sigterm_during_a_stream_ends_it_cleanly_and_exits_0(single_shard: Singl
     router_stop = next(i for i, m in enumerate(messages) if m.startswith("router (pid"))
     shard_stop = next(i for i, m in enumerate(messages) if m.startswith("shard 0 (pid"))
     assert router_stop < shard_stop
+
+
+def test_the_api_names_the_model_as_the_user_did_not_by_its_cache_path(single_shard: SingleShardRun) -> None:
+    assert single_shard.served == {"info": HUB_ID, "models": [HUB_ID], "completion": HUB_ID}
 
 
 def test_children_logs_carry_role_and_rank(single_shard: SingleShardRun) -> None:

@@ -24,6 +24,11 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RouterConfig)}
 # (RouterConfig field, parameter type, option). The parameter is named after the field, so the parsed
 # values are RouterConfig keyword arguments as they are (only cors_allow_origin needs a tuple).
 _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("served_model_name", Optional[str], typer.Option(
+        None, "--served-model-name", show_default=False,
+        help="The model name /info, /v1/models and OpenAI responses report (default: --model-id for launch, "
+        "--tokenizer-name for router).",
+    )),
     ("hostname", str, typer.Option(_DEFAULTS["hostname"], "--hostname", help="Address the HTTP server listens on.")),
     ("port", int, typer.Option(_DEFAULTS["port"], "--port", help="HTTP port.")),
     ("graceful_termination_timeout_s", float, typer.Option(

@@ -26,6 +26,7 @@ _RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_R
 ROUTER_FLAGS: dict[str, str] = {
     "master_shard_uds_path": "--master-shard-uds-path",
     "tokenizer_name": "--tokenizer-name",
+    "served_model_name": "--served-model-name",
     "hostname": "--hostname",
     "port": "--port",
     "graceful_termination_timeout_s": "--graceful-termination-timeout",
@@ -48,7 +49,9 @@ ROUTER_FLAGS: dict[str, str] = {
 }
 # RouterConfig fields `tgictl router` has no flag for (internal tuning kept at its default).
 ROUTER_FIELDS_WITHOUT_FLAG = frozenset({"max_new_tokens_per_round"})
-_ALWAYS_PASSED = ("master_shard_uds_path", "tokenizer_name", "hostname", "port", "graceful_termination_timeout_s")
+_ALWAYS_PASSED = (
+    "master_shard_uds_path", "tokenizer_name", "served_model_name", "hostname", "port", "graceful_termination_timeout_s"
+)
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,12 @@ def build_plan(
         )
         for rank in range(config.num_shard)
     )
-    router = replace(config.router, master_shard_uds_path=f"{uds_base}-0", tokenizer_name=str(model_dir))
+    # The router loads the tokenizer from the resolved directory but names the model as the user did
+    # (a hub id, not a path in the cache).
+    router = replace(
+        config.router, master_shard_uds_path=f"{uds_base}-0", tokenizer_name=str(model_dir),
+        served_model_name=config.router.served_model_name or config.model_id,
+    )
     return LaunchPlan(
         shards=shards,
         socket_paths=tuple(Path(f"{uds_base}-{rank}") for rank in range(config.num_shard)),

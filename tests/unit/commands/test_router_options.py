@@ -62,7 +62,8 @@ def test_defaults_are_routerconfigs_own() -> None:
 
 def test_every_flag_reaches_its_field() -> None:
     args = [
-        "--hostname", "0.0.0.0", "--port", "9000", "--graceful-termination-timeout", "3.5",
+        "--served-model-name", "tgi", "--hostname", "0.0.0.0", "--port", "9000",
+        "--graceful-termination-timeout", "3.5",
         "--max-concurrent-requests", "7", "--max-input-tokens", "100", "--max-total-tokens", "200",
         "--max-batch-prefill-tokens", "300", "--max-batch-total-tokens", "400", "--max-batch-size", "8",
         "--waiting-served-ratio", "1.2", "--max-waiting-tokens", "9", "--max-best-of", "3",
@@ -72,7 +73,7 @@ def test_every_flag_reaches_its_field() -> None:
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t")
     assert config == RouterConfig(
-        master_shard_uds_path="/s-0", tokenizer_name="t", hostname="0.0.0.0", port=9000,
+        master_shard_uds_path="/s-0", tokenizer_name="t", served_model_name="tgi", hostname="0.0.0.0", port=9000,
         graceful_termination_timeout_s=3.5, max_concurrent_requests=7, max_input_tokens=100, max_total_tokens=200,
         max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, waiting_served_ratio=1.2,
         max_waiting_tokens=9, max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10, max_client_batch_size=11,

@@ -81,3 +81,10 @@ def test_router_config_checks() -> None:
     with pytest.raises(ConfigError, match="validation_workers must be >= 1"):
         config(validation_workers=0)
     assert "s3cret" not in repr(config(api_key="s3cret"))
+
+
+def test_model_name_is_the_served_name_else_the_tokenizer() -> None:
+    assert config().model_name == "m"
+    assert config(served_model_name="org/model").model_name == "org/model"
+    with pytest.raises(ConfigError, match="served_model_name must not be empty"):
+        config(served_model_name=" ")

@@ -50,6 +50,8 @@ def test_router_argv_passes_launcher_owned_flags_and_only_changed_options() -> N
         "--master-shard-uds-path", "", "--tokenizer-name", "org/model", "--hostname", "127.0.0.1",
         "--port", "8080", "--graceful-termination-timeout", "90.0",
     ]  # fmt: skip
+    # The served name is passed whenever it is set (the launcher always sets it).
+    assert router_argv(router_config(served_model_name="org/model"))[4:6] == ["--served-model-name", "org/model"]
     changed = router_config(
         port=9000, max_total_tokens=512, max_input_tokens=500, api_key="k", cors_allow_origin=("a", "b"),
         waiting_served_ratio=1.2,
@@ -83,7 +85,7 @@ def test_build_plan_gives_each_rank_its_rendezvous_and_the_router_rank_0s_socket
         }  # fmt: skip
     assert plan.router.argv == (
         sys.executable, "-m", "tgictl", "router", "--master-shard-uds-path", "/tmp/tgictl-test/shard-0",
-        "--tokenizer-name", str(MODEL), "--hostname", "0.0.0.0", "--port", "9001",
+        "--tokenizer-name", str(MODEL), "--served-model-name", "org/model", "--hostname", "0.0.0.0", "--port", "9001",
         "--graceful-termination-timeout", "7.0",
     )  # fmt: skip
     # The router must not join the rendezvous: no RANK/MASTER_* reach it.
@@ -91,6 +93,19 @@ def test_build_plan_gives_each_rank_its_rendezvous_and_the_router_rank_0s_socket
                                "PYTHONUNBUFFERED": "1"}
     assert plan.router_address == ("127.0.0.1", 9001)  # a wildcard bind is probed on loopback
     assert plan.graceful_termination_timeout_s == 7.0
+
+
+def test_the_router_serves_the_model_under_the_users_name() -> None:
+    """The router reads the tokenizer from the resolved directory (a path deep in the HF cache) but
+    /info, /v1/models and OpenAI responses name the model as the user asked for it."""
+    asked = LaunchConfig(router=router_config(), model_id="HuggingFaceTB/SmolLM2-135M-Instruct")
+    plan = build_plan(asked, MODEL, BASE, LogConfig(), {}, master_port=1)
+    argv = plan.router.argv
+    assert argv[argv.index("--tokenizer-name") + 1] == str(MODEL)
+    assert argv[argv.index("--served-model-name") + 1] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    chosen = LaunchConfig(router=router_config(served_model_name="tgi"), model_id="org/model")
+    argv = build_plan(chosen, MODEL, BASE, LogConfig(), {}, master_port=1).router.argv
+    assert argv[argv.index("--served-model-name") + 1] == "tgi"
 
 
 def test_shard_threads_are_left_alone_for_one_shard_or_when_set() -> None:

@@ -86,7 +86,7 @@ async def serve(config: RouterConfig, model_dir: Path, model_id: str) -> None:
 def run_router(config: RouterConfig) -> None:
     """Blocking: serve until a signal ends it. The tokenizer is resolved like a model id."""
     model_dir = resolve_model(config.tokenizer_name)
-    coroutine = serve(config, model_dir, config.tokenizer_name)
+    coroutine = serve(config, model_dir, config.model_name)
     if importlib.util.find_spec("uvloop") is not None:
         import uvloop
 
