@@ -1,8 +1,9 @@
 """`tgictl profile`: the serving budgets a model would get on this host, from its config.json alone.
 
 Flags → BudgetSettings → discover the hardware → runtime/budgets. Nothing is loaded onto a device, so
-the command is safe next to a running server. (A `--measure` mode that loads the model and runs the
-shard's warmup probe belongs here once the launcher can start shards for it.)
+the command is safe next to a running server. With `--measure` (one shard only) it also loads the model
+in this process and runs the router's warmup probe on it (runtime/measure.py), printing the measured
+figures beside the estimates.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from rich.table import Table
 
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
-from tgictl.errors import ConfigError
+from tgictl.errors import ConfigError, TgictlError, UsageError
 from tgictl.runtime.budgets import (
     DTYPE_BYTES,
+    WARMUP_WIGGLE_ROOM,
     Budgets,
     BudgetSettings,
     ModelShape,
@@ -30,6 +32,7 @@ from tgictl.runtime.budgets import (
 )
 from tgictl.runtime.hardware import Hardware, discover_hardware, lookup_card_flops
 from tgictl.runtime.hub import load_model_config, resolve_model
+from tgictl.runtime.measure import MeasureSettings, compare, measure
 from tgictl.units import parse_size
 
 def read_model_files(model_dir: Path) -> tuple[dict[str, Any], int | None]:
@@ -127,6 +130,16 @@ def render_report(report: dict[str, Any], console: Console | None = None) -> Non
     for name, figure in report["budgets"].items():
         table.add_row(name, _format(name, figure["value"]), figure["source"])
     console.print(table)
+    if "measured" in report:
+        table = Table(title="Measured (model loaded in this process, router's warmup probe run) vs estimated")
+        for column, wrap in (("figure", False), ("estimate", False), ("measured", False), ("source", True)):
+            table.add_column(column, no_wrap=not wrap)
+        for name, figure in report["measured"].items():
+            estimate, measured = (
+                "—" if figure[key] is None else _format(name, figure[key]) for key in ("estimate", "measured")
+            )
+            table.add_row(name, estimate, measured, figure["source"])
+        console.print(table)
     for problem in report["problems"]:
         console.print(f"[bold red]problem:[/] {problem}")
 
@@ -147,6 +160,24 @@ def _resolve(model_id: str, revision: str | None) -> Path:
     return resolve_model(model_id, revision)
 
 
+def _measure_settings(
+    model_dir: Path, settings: BudgetSettings, budgets: Budgets, hardware: Hardware
+) -> MeasureSettings:
+    """The shard the measurement loads: the estimate's dtype, device and prefill size, the same flags."""
+    return MeasureSettings(
+        model_dir=model_dir,
+        dtype=str(budgets.dtype.value),
+        device="cuda:0" if hardware.gpus else "cpu",  # the first visible GPU, as a single shard takes it
+        block_size=settings.block_size,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        # The shard's fraction is the share it may fill, TGI's memory fraction × wiggle room.
+        cuda_memory_fraction=settings.cuda_memory_fraction * WARMUP_WIGGLE_ROOM,
+        max_batch_prefill_tokens=int(budgets.max_batch_prefill_tokens.value or 0),
+        max_input_tokens=settings.max_input_tokens,
+        max_total_tokens=settings.max_total_tokens,
+    )
+
+
 def profile(
     ctx: typer.Context,
     model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
@@ -165,8 +196,14 @@ def profile(
         "CUDA: a cap on what free memory allows).",
     ),
     cuda_memory_fraction: float = typer.Option(1.0, "--cuda-memory-fraction", help="Share of each GPU to use."),
+    run_measure: bool = typer.Option(
+        False, "--measure",
+        help="Also load the model here as one shard, run the router's warmup probe and show the measured "
+        "figures beside the estimates (--num-shard 1 only).",
+    ),
 ) -> None:
-    """Show the budgets (KV blocks, token limits, prefill size) this host gives a model, without loading it."""
+    """Show the budgets (KV blocks, token limits, prefill size) this host gives a model, without loading it
+    (unless --measure)."""
     settings = BudgetSettings(
         num_shard=num_shard,
         dtype=dtype,
@@ -177,17 +214,31 @@ def profile(
         kv_cache_memory_bytes=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
         cuda_memory_fraction=cuda_memory_fraction,
     )
+    if run_measure and num_shard != 1:
+        raise UsageError(
+            f"--measure loads the model in this process as a single shard, so it needs --num-shard 1 "
+            f"(got {num_shard}); the estimates alone are available for {num_shard} shards"
+        )
+    visible_gpus = read_env().cuda_visible_devices
     model_dir = _resolve(model_id, revision)
     config, tokenizer_max_length = read_model_files(model_dir)
     shape = model_shape(config)
     kv_heads_per_shard(shape, num_shard)  # fail on a model/shard mismatch before measuring anything
-    hardware = discover_hardware()
+    hardware = discover_hardware(visible_gpus=visible_gpus)
     budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length)
     report = profile_report(model_id, model_dir, shape, hardware, budgets)
+    measure_error: TgictlError | None = None
+    if run_measure:
+        try:
+            report["measured"] = compare(measure(_measure_settings(model_dir, settings, budgets, hardware)), budgets)
+        except TgictlError as err:  # the estimates are still worth printing; the error decides the exit
+            measure_error = err
     if _json_output(ctx):
         typer.echo(json.dumps(report))
     else:
         render_report(report)
+    if measure_error is not None:
+        raise measure_error
     if budgets.problems:  # the figures are printed; the exit code says this setup would not start
         raise ConfigError(f"this configuration would not start: {'; '.join(budgets.problems)}")
 

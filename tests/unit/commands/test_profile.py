@@ -35,8 +35,9 @@ def model_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run_tgictl(*args: str) -> subprocess.CompletedProcess[str]:
+def run_tgictl(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env |= extra_env or {}
     return subprocess.run(
         [sys.executable, "-m", "tgictl", *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
@@ -166,3 +167,68 @@ def test_cli_errors_are_one_line(model_dir: Path, tmp_path_factory: pytest.TempP
     result = run_tgictl("profile", "--model-id", str(model_dir), "--num-shard", "3")
     assert result.returncode == 2
     assert result.stderr.strip() == "Error: num_attention_heads=4 is not divisible by num_shard=3"
+
+
+def test_cli_measure_loads_the_model_and_runs_the_warmup_probe(tiny_model_dir: Path) -> None:
+    result = run_tgictl(
+        "--json-output", "profile", "--model-id", str(tiny_model_dir), "--dtype", "float32",
+        "--kv-cache-memory", "2MiB", "--max-batch-prefill-tokens", "512", "--measure",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    measured = report["measured"]
+    pairs = {name: (row["estimate"], row["measured"]) for name, row in measured.items()}
+    # The same 2 MiB budget on both sides: 2 MiB // 8192 bytes per block (2 layers · 2 kv heads · 16 · 4
+    # bytes · K,V · 16 tokens) = 256 blocks, block 0 included; one request gets the other 255, then the
+    # tiny model's 2048 positions bound it.
+    assert pairs["kv_blocks"] == (256, 256)
+    assert pairs["max_batch_total_tokens"] == (4096, 4096)
+    assert pairs["max_total_tokens"] == (2048, 2048)
+    assert pairs["max_input_tokens"] == (2047, 2047)
+    assert pairs["max_batch_prefill_tokens"] == (512, 512)  # the router's probe holds exactly that many
+    for name in ("load_seconds", "warmup_seconds", "probe_forward_seconds", "prefill_tokens_per_s"):
+        estimate, value = pairs[name]
+        assert estimate is None and value > 0, name
+    seconds = measured["probe_forward_seconds"]["measured"]
+    assert measured["prefill_tokens_per_s"]["measured"] == pytest.approx(512 / seconds)
+    # torch, the model and a 2 MiB cache: more than 50 MiB resident, and not the whole machine
+    assert 50 << 20 < pairs["peak_rss_bytes"][1] < report["devices"]["cpu"]["total_memory_bytes"]
+    if not report["devices"]["gpus"]:
+        assert pairs["peak_device_bytes"] == (None, None)
+    assert all(row["source"] for row in measured.values())
+
+
+def test_cli_measure_table(tiny_model_dir: Path) -> None:
+    result = run_tgictl(
+        "profile", "--model-id", str(tiny_model_dir), "--dtype", "float32", "--kv-cache-memory", "2MiB",
+        "--max-batch-prefill-tokens", "64", "--measure",
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if "Measured (model loaded in this process" in line)
+    row = next(line for line in lines[title:] if line.startswith("│ kv_blocks"))
+    assert row.count("│ 256 ") == 2  # estimate and measurement side by side
+
+
+def test_cli_measure_needs_one_shard(tiny_model_dir: Path) -> None:
+    result = run_tgictl("profile", "--model-id", str(tiny_model_dir), "--num-shard", "2", "--measure")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "Error: --measure loads the model in this process as a single shard, so it needs --num-shard 1 (got 2); "
+        "the estimates alone are available for 2 shards"
+    )
+
+
+def test_cli_reads_cuda_visible_devices(model_dir: Path) -> None:
+    result = run_tgictl("profile", "--model-id", str(model_dir), extra_env={"CUDA_VISIBLE_DEVICES": "0;1"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "Error: CUDA_VISIBLE_DEVICES must be a comma-separated list of GPU indices such as 0,1, got '0;1'"
+    )
+    # "" hides every GPU from CUDA, so profile sizes for the CPU even on a GPU host
+    result = run_tgictl("--json-output", "profile", "--model-id", str(model_dir), "--dtype", "float32",
+                        extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["devices"]["gpus"] == []
+    assert report["budgets"]["target"]["value"].startswith("cpu: ")
