@@ -19,6 +19,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 # Names of the variables tgictl itself sets for its child processes (see tgictl.log.child_environ).
 LOG_LEVEL_VAR = "TGICTL_LOG_LEVEL"
 JSON_OUTPUT_VAR = "TGICTL_JSON_OUTPUT"
+# Test-only: make a shard fail chosen generation steps (see FaultInjection).
+FAULT_INJECT_VAR = "TGICTL_FAULT_INJECT"
 
 
 def _text(environ: Mapping[str, str], name: str) -> str | None:
@@ -87,6 +89,35 @@ def _visible_devices(environ: Mapping[str, str], name: str) -> tuple[int, ...] |
 
 
 @dataclass(frozen=True)
+class FaultInjection:
+    """Test-only (TGICTL_FAULT_INJECT="fail_batch:STEPS", STEPS a comma list of N or N-M): the shard's
+    Prefill and Decode steps, counted together from 1 in the order the shard runs them, fail with a
+    recoverable generation error on those steps. Unset, nothing is injected."""
+
+    steps: tuple[tuple[int, int], ...]  # inclusive ranges
+
+    def fails(self, step: int) -> bool:
+        return any(first <= step <= last for first, last in self.steps)
+
+
+def _fault_injection(environ: Mapping[str, str]) -> FaultInjection | None:
+    raw = _text(environ, FAULT_INJECT_VAR)
+    if raw is None:
+        return None
+    kind, _, spec = raw.strip().partition(":")
+    ranges = []
+    for part in spec.split(","):
+        first, _, last = part.strip().partition("-")
+        if kind != "fail_batch" or not first.isdigit() or not (last == "" or last.isdigit()):
+            raise ConfigError(f"{FAULT_INJECT_VAR} must be fail_batch:N[-M][,N[-M]...], got {raw!r}")
+        start, end = int(first), int(last or first)
+        if not 1 <= start <= end:
+            raise ConfigError(f"{FAULT_INJECT_VAR} steps must satisfy 1 <= N <= M, got {raw!r}")
+        ranges.append((start, end))
+    return FaultInjection(tuple(ranges))
+
+
+@dataclass(frozen=True)
 class Env:
     """A typed snapshot of the environment variables tgictl understands."""
 
@@ -110,6 +141,8 @@ class Env:
     master_port: int | None = None
     # CUDA_VISIBLE_DEVICES as NVML indices in CUDA's order; None: unset, or a UUID/MIG form.
     cuda_visible_devices: tuple[int, ...] | None = None
+    # Test-only fault injection for the shard (None unless TGICTL_FAULT_INJECT is set).
+    fault_injection: FaultInjection | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -135,6 +168,7 @@ class Env:
             master_addr=_text(env, "MASTER_ADDR"),
             master_port=master_port,
             cuda_visible_devices=_visible_devices(env, "CUDA_VISIBLE_DEVICES"),
+            fault_injection=_fault_injection(env),
         )
 
     @property

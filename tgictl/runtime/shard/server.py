@@ -24,9 +24,11 @@ import grpc.aio
 import torch
 
 from tgictl.config import HubConfig, ShardConfig
+from tgictl.env import read_env
 from tgictl.errors import ConfigError, DeviceError
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
 from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
+from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
 from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir, remove_socket
@@ -89,7 +91,9 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
         stop.set()
 
     worker = DeviceWorker()
-    servicer = ShardServicer(runtime, config.urls, worker=worker, on_fatal=on_fatal)
+    # Test-only fault injection (TGICTL_FAULT_INJECT); inert when unset.
+    faults = StepFaults(read_env().fault_injection)
+    servicer = ShardServicer(runtime, config.urls, worker=worker, on_fatal=on_fatal, faults=faults)
     server = grpc.aio.server(options=_SERVER_OPTIONS)
     add_TextGenerationServiceServicer_to_server(servicer, server)
     temporary = socket_path.with_name(f"{socket_path.name}.{os.getpid()}.tmp")

@@ -39,6 +39,7 @@ from tgictl.proto.generate_pb2_grpc import TextGenerationServiceServicer
 from tgictl.proto.messages import CachedBatch, StepResult, WarmupResult
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.batch_store import BatchStore
+from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime, StepOutput
 
 log = logging.getLogger("tgictl.shard")
@@ -117,12 +118,14 @@ class ShardServicer(TextGenerationServiceServicer):
         *,
         worker: DeviceWorker,
         on_fatal: Callable[[str], None],
+        faults: StepFaults | None = None,
     ) -> None:
         self.runtime = runtime
         self.store = BatchStore()
         self.worker = worker
         self.failed: str | None = None
         self._on_fatal = on_fatal
+        self._faults = faults if faults is not None else StepFaults(None)  # test-only, inert unless set
         self._info = convert.info_to_pb(runtime.info())  # static for the life of the process
         self._urls = convert.service_discovery_response_to_pb(list(urls))
 
@@ -231,6 +234,7 @@ class ShardServicer(TextGenerationServiceServicer):
 
     def _prefill(self, request: pb.PrefillRequest) -> StepResult:
         message = convert.prefill_request_from_pb(request)
+        self._faults.before_step("Prefill")
         batch_id = message.batch.id
         consumed: list[int] = []
         cached: ShardBatch | None = None
@@ -247,6 +251,7 @@ class ShardServicer(TextGenerationServiceServicer):
 
     def _decode(self, request: pb.DecodeRequest) -> StepResult:
         ids = [b.id for b in convert.decode_request_from_pb(request).batches]
+        self._faults.before_step("Decode")
         batches = self.store.get_many(ids)  # all or nothing: an unknown id consumes no batch
         return self._store_step(ids, self.runtime.decode(batches))
 
