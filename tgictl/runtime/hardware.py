@@ -185,12 +185,17 @@ def _memory_from_sysconf() -> tuple[int, int]:
     return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask, which a container or taskset narrows."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def discover_cpu(meminfo_path: Path = Path("/proc/meminfo")) -> CpuHost:
     """Usable cores and RAM of this host (from /proc/meminfo, else sysconf)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     try:
         total, available = parse_meminfo(meminfo_path.read_text())
     except (OSError, ValueError):

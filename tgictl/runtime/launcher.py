@@ -15,7 +15,6 @@ SIGTERM at once and SIGKILL after crash_stop_timeout_s.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -31,6 +30,7 @@ from tgictl.config import HubConfig, LaunchConfig, LogConfig
 from tgictl.env import Env
 from tgictl.errors import ConfigError, TgictlError
 from tgictl.runtime.budgets import kv_heads_per_shard, model_shape
+from tgictl.runtime.hardware import usable_cores
 from tgictl.runtime.hub import load_model_config, resolve_model
 from tgictl.runtime.launcher_plan import LaunchPlan, build_plan, free_port
 from tgictl.runtime.launcher_process import ChildProcess, describe_exit
@@ -244,13 +244,6 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def _usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask, which a container or taskset narrows)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Mapping[str, str]) -> None:
     """Resolve the model, then run shards and router until a signal (returns) or a failure (raises).
 
@@ -271,7 +264,7 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
         prepare_socket_dir(uds_base.parent)
     try:
         master_port = config.master_port if config.master_port is not None else free_port()
-        plan = build_plan(config, model_dir, uds_base, log_config, child_env, master_port, _usable_cpus())
+        plan = build_plan(config, model_dir, uds_base, log_config, child_env, master_port, usable_cores())
         log.info("starting %d shard(s) on %s-{rank}, rendezvous %s:%d",
                  config.num_shard, uds_base, config.master_addr, master_port)
         Launcher(plan).run()

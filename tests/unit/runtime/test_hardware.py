@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from tgictl.runtime.hardware import (
     measure_matmul_flops,
     normalise_card_name,
     parse_meminfo,
+    usable_cores,
 )
 
 GIB = 1 << 30
@@ -191,7 +193,17 @@ def test_discover_cpu_from_meminfo_file(tmp_path: Path) -> None:
     host = discover_cpu(meminfo)
     assert host.total_memory_bytes == 16384000 * 1024
     assert host.available_memory_bytes == 8192000 * 1024
-    assert host.cores >= 1
+    assert host.cores == usable_cores()
+
+
+def test_usable_cores_follow_the_affinity_mask() -> None:
+    mask = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(mask)})  # as `taskset -c N` starts a process
+        assert usable_cores() == 1
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert usable_cores() == len(mask)
 
 
 def test_discover_cpu_falls_back_to_sysconf(tmp_path: Path) -> None:
