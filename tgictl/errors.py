@@ -123,6 +123,25 @@ class PayloadTooLargeError(TgictlError):
     error_type = "payload_too_large"
 
 
+class AllocatorError(TgictlError):
+    """Router code misused a KV block allocator (double free, a foreign allocation, a prompt longer
+    than the token budget). A bug in the caller, never a client's fault, hence a 500."""
+
+    error_type = "allocator"
+
+
+class AllocatorIntegrityError(AllocatorError):
+    """An allocator's bookkeeping is inconsistent (`check_integrity` or an internal guard)."""
+
+
+class ChildFailedError(TgictlError):
+    """A shard or the router exited on its own under `tgictl launch`; the message names it and its
+    last log line."""
+
+    error_type = "child_failed"
+    exit_code = 1
+
+
 class UnhealthyError(TgictlError):
     http_status = 503
     error_type = "healthcheck"

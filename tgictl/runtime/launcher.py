@@ -28,7 +28,7 @@ from types import FrameType
 
 from tgictl.config import HubConfig, LaunchConfig, LogConfig
 from tgictl.env import Env
-from tgictl.errors import ConfigError, TgictlError
+from tgictl.errors import ChildFailedError, ConfigError
 from tgictl.runtime.budgets import kv_heads_per_shard, model_shape
 from tgictl.runtime.hardware import usable_cores
 from tgictl.runtime.hub import load_model_config, resolve_model
@@ -40,13 +40,6 @@ log = logging.getLogger("tgictl.launcher")
 
 _POLL_S = 0.1  # TGI's supervision period
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class ChildFailedError(TgictlError):
-    """A shard or the router exited on its own; the message names it and its last log line."""
-
-    error_type = "child_failed"
-    exit_code = 1
 
 
 @dataclass

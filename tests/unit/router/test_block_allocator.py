@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tgictl.errors import ConfigError
+from tgictl.errors import AllocatorError, AllocatorIntegrityError, ConfigError
 from tgictl.runtime.router.allocator_factory import create_allocator
 from tgictl.runtime.router.block_allocator import (
-    AllocatorError,
-    AllocatorIntegrityError,
     BlockAllocation,
     BlockAllocator,
     KvAllocator,

@@ -7,12 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from tgictl.runtime.router.block_allocator import (
-    AllocatorError,
-    AllocatorIntegrityError,
-    BlockAllocation,
-    KvAllocator,
-)
+from tgictl.errors import AllocatorError, AllocatorIntegrityError
+from tgictl.runtime.router.block_allocator import BlockAllocation, KvAllocator
 from tgictl.runtime.router.radix import RadixAllocator, RadixTrie
 
 

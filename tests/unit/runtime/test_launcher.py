@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 from launcher_fakes import FAKES, make_plan
 
-from tgictl.errors import ConfigError
+from tgictl.errors import ChildFailedError, ConfigError
 from tgictl.runtime.launcher import (
-    ChildFailedError,
     Launcher,
     check_port_free,
     clear_stale_socket,

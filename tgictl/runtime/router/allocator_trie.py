@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator, Sequence
 
-from tgictl.runtime.router.block_allocator import AllocatorError, AllocatorIntegrityError
+from tgictl.errors import AllocatorError, AllocatorIntegrityError
 
 # (last_accessed, node_id, node): node ids are unique, so tuples never compare nodes.
 _LeafEntry = tuple[int, int, "TrieNode"]

@@ -15,18 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from tgictl.errors import ConfigError, TgictlError
-
-
-class AllocatorError(TgictlError):
-    """Router code misused an allocator (double free, a foreign allocation, a prompt longer than
-    the token budget). A bug in the caller, never a client's fault, hence a 500."""
-
-    error_type = "allocator"
-
-
-class AllocatorIntegrityError(AllocatorError):
-    """The allocator's bookkeeping is inconsistent (`check_integrity` or an internal guard)."""
+from tgictl.errors import AllocatorError, AllocatorIntegrityError, ConfigError
 
 
 @dataclass(frozen=True)

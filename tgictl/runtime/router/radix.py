@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tgictl.errors import AllocatorError, AllocatorIntegrityError
 from tgictl.runtime.router.allocator_trie import RadixTrie, TrieNode
 from tgictl.runtime.router.block_allocator import (
-    AllocatorError,
-    AllocatorIntegrityError,
     BlockAllocation,
     check_allocate_args,
     check_allocator_shape,
