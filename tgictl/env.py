@@ -19,6 +19,10 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 # Names of the variables tgictl itself sets for its child processes (see tgictl.log.child_environ).
 LOG_LEVEL_VAR = "TGICTL_LOG_LEVEL"
 JSON_OUTPUT_VAR = "TGICTL_JSON_OUTPUT"
+# The router's API key: read by `tgictl router`/`launch` when --api-key is not given, and how the
+# launcher hands the key to its router (a command line is visible to every local user in `ps`; a
+# process's environment only to its owner).
+API_KEY_VAR = "TGICTL_API_KEY"
 # Test-only: make a shard fail chosen generation steps (see FaultInjection).
 FAULT_INJECT_VAR = "TGICTL_FAULT_INJECT"
 
@@ -134,6 +138,8 @@ class Env:
     # Logging: TGICTL_LOG_LEVEL wins over LOG_LEVEL (the latter is what TGI reads).
     log_level: str | None = None
     json_output: bool = False
+    # The router's API key (TGICTL_API_KEY); --api-key wins over it.
+    api_key: str | None = field(default=None, repr=False)  # never printed
     # torch.distributed rendezvous, set by the launcher for each shard.
     rank: int | None = None
     world_size: int | None = None
@@ -163,6 +169,7 @@ class Env:
             tgictl_cache_dir=_path(env, "TGICTL_CACHE_DIR"),
             log_level=_text(env, LOG_LEVEL_VAR) or _text(env, "LOG_LEVEL"),
             json_output=_bool(env, JSON_OUTPUT_VAR),
+            api_key=_text(env, API_KEY_VAR),
             rank=_int(env, "RANK"),
             world_size=_int(env, "WORLD_SIZE", minimum=1),
             master_addr=_text(env, "MASTER_ADDR"),

@@ -1,8 +1,9 @@
 """`tgictl launch` end to end on the tiny llama, as a user runs it: real shards, real router, HTTP.
 
 Two launches serve the whole module (each costs seconds on two cores): one shard, then two. The
-single-shard launch serves a hub id from an offline HF cache (as after `tgictl download`), records
-the name the API reports and greedy outputs, and is stopped with SIGTERM in the middle of a stream;
+single-shard launch serves a hub id from an offline HF cache (as after `tgictl download`) behind an
+API key given in TGICTL_API_KEY, records the name the API reports, how the key guards it and where
+the key shows, and greedy outputs, and is stopped with SIGTERM in the middle of a stream;
 the two-shard launch (a local directory) must give the same outputs and is ended by `kill -9` of a shard.
 """
 
@@ -25,6 +26,7 @@ import pytest
 from launch_procs import REPO_ROOT, LaunchProc, hub_cache_holding, start_launch
 
 HUB_ID = "tgictl-test/tiny-llama"
+API_KEY = "launch-s3cret-key"
 PROMPTS = ("hello world", "the quick brown fox", "a b c d e f g")
 GREEDY = {"max_new_tokens": 12, "decoder_input_details": False, "details": True}
 
@@ -51,9 +53,29 @@ def served_names(launch: LaunchProc, client: httpx.Client) -> dict[str, Any]:
     }
 
 
+def api_key_use(launch: LaunchProc, client: httpx.Client) -> dict[str, Any]:
+    """What the key guards, and where it shows: in no command line (`ps` shows those to every local
+    user), only in the router's environment (readable by its owner alone)."""
+    body = {"inputs": "hi", "parameters": {"max_new_tokens": 1}}
+    url = f"{launch.url}/generate"
+    pids = {"launcher": launch.proc.pid, **launch.child_pids()}
+    router_environ = Path(f"/proc/{pids['router']}/environ").read_bytes().split(b"\0")
+    return {
+        "without_key": httpx.post(url, json=body, timeout=60).status_code,
+        "wrong_key": httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}, timeout=60).status_code,
+        "with_key": client.post(url, json=body, timeout=60).status_code,
+        "command_lines_with_key": sorted(
+            label for label, pid in pids.items() if API_KEY.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ),
+        "router_environ_has_key": f"TGICTL_API_KEY={API_KEY}".encode() in router_environ,
+        "processes": sorted(pids),
+    }
+
+
 @dataclass
 class SingleShardRun:
     served: dict[str, Any]
+    api_key: dict[str, Any]
     outputs: list[tuple[str, list[int]]]
     stream_events: list[dict[str, Any]]
     exit_code: int
@@ -80,11 +102,12 @@ def single_shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     hub_cache_holding(tiny_model_dir, HUB_ID, work / "hub")
     launch = start_launch(
         HUB_ID, work, num_shard=1, extra_args=("--graceful-termination-timeout", "2"),
-        extra_env={"HF_HUB_CACHE": str(work / "hub")},
+        extra_env={"HF_HUB_CACHE": str(work / "hub"), "TGICTL_API_KEY": API_KEY},
     )  # fmt: skip
     try:
-        with httpx.Client() as client:
+        with httpx.Client(headers={"Authorization": f"Bearer {API_KEY}"}) as client:
             launch.wait_healthy(client)
+            api_key = api_key_use(launch, client)
             served = served_names(launch, client)
             outputs = greedy_outputs(launch, client)
             first = threading.Event()
@@ -97,7 +120,7 @@ def single_shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
             reader.join(60)
             exit_code = launch.wait_exit(60)
             stop_s = time.monotonic() - start
-        yield SingleShardRun(served, outputs, result[0] if result else [], exit_code, stop_s, launch)
+        yield SingleShardRun(served, api_key, outputs, result[0] if result else [], exit_code, stop_s, launch)
     finally:
         launch.stop()
 
@@ -123,6 +146,15 @@ def test_sigterm_during_a_stream_ends_it_cleanly_and_exits_0(single_shard: Singl
 
 def test_the_api_names_the_model_as_the_user_did_not_by_its_cache_path(single_shard: SingleShardRun) -> None:
     assert single_shard.served == {"info": HUB_ID, "models": [HUB_ID], "completion": HUB_ID}
+
+
+def test_an_api_key_from_the_environment_guards_the_api_and_shows_in_no_command_line(
+    single_shard: SingleShardRun,
+) -> None:
+    assert single_shard.api_key == {
+        "without_key": 401, "wrong_key": 401, "with_key": 200, "command_lines_with_key": [],
+        "router_environ_has_key": True, "processes": ["launcher", "router", "shard 0"],
+    }  # fmt: skip
 
 
 def test_children_logs_carry_role_and_rank(single_shard: SingleShardRun) -> None:

@@ -100,3 +100,10 @@ def test_inherited_environ_is_a_copy_children_may_change(monkeypatch: pytest.Mon
     # The launcher edits the copy per child; this process's own environment stays as it was.
     assert os.environ["TGICTL_TEST_INHERITED"] == "kept"
     assert "TGICTL_TEST_ADDED" not in os.environ
+
+
+def test_the_api_key_is_read_but_never_printed() -> None:
+    env = Env.from_environ({"HOME": "/h", "TGICTL_API_KEY": "s3cret"})
+    assert env.api_key == "s3cret"
+    assert "s3cret" not in repr(env)
+    assert Env.from_environ({"HOME": "/h", "TGICTL_API_KEY": ""}).api_key is None

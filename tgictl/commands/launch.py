@@ -48,9 +48,10 @@ def launch(
     """Serve a model: resolve it, start the shards and the router, stop them all on SIGTERM/Ctrl-C."""
     from tgictl.runtime.launcher import launch as run_launch
 
+    env = read_env()
     config = LaunchConfig(
         # The launcher replaces both placeholders: rank 0's socket, the resolved model directory.
-        router=router_flags.config(master_shard_uds_path="", tokenizer_name=model_id),
+        router=router_flags.config(master_shard_uds_path="", tokenizer_name=model_id, env=env),
         model_id=model_id,
         revision=revision,
         num_shard=num_shard,
@@ -63,7 +64,7 @@ def launch(
     )
     log_config = ctx.obj if isinstance(ctx.obj, LogConfig) else LogConfig()
     # The children start from this process's environment (cli.py exported the logging setup into it).
-    run_launch(config, log_config, read_env(), inherited_environ())
+    run_launch(config, log_config, env, inherited_environ())
 
 
 def register(app: typer.Typer) -> None:

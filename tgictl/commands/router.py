@@ -11,6 +11,7 @@ import typer
 
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import DEFAULT_MODEL_ID, default_uds_path
+from tgictl.env import read_env
 
 
 @with_router_options
@@ -31,6 +32,7 @@ def router(
     run_router(router_flags.config(
         master_shard_uds_path=master_shard_uds_path or f"{default_uds_path(os.getuid())}-0",
         tokenizer_name=tokenizer_name,
+        env=read_env(),
     ))
 
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import typer
 
 from tgictl.config import RouterConfig
+from tgictl.env import Env
 
 # RouterConfig is the single source of the defaults (the launcher's router_argv compares against it too).
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RouterConfig)}
@@ -67,7 +68,9 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help="Most prompts x n choices in one OpenAI request.",
     )),
     ("api_key", Optional[str], typer.Option(
-        None, "--api-key", show_default=False, help="Require `Authorization: Bearer KEY` on generating routes."
+        None, "--api-key", show_default=False,
+        help="Require `Authorization: Bearer KEY` on generating routes (default: $TGICTL_API_KEY, which, "
+        "unlike a flag, other users cannot see in `ps`).",
     )),
     ("cors_allow_origin", Optional[list[str]], typer.Option(
         None, "--cors-allow-origin", show_default=False, help="Repeatable; default: any origin."
@@ -88,9 +91,13 @@ class RouterFlags:
 
     values: Mapping[str, Any]
 
-    def config(self, *, master_shard_uds_path: str, tokenizer_name: str) -> RouterConfig:
-        """The RouterConfig these flags describe (validated there: a bad value raises ConfigError)."""
-        return RouterConfig(master_shard_uds_path=master_shard_uds_path, tokenizer_name=tokenizer_name, **self.values)
+    def config(self, *, master_shard_uds_path: str, tokenizer_name: str, env: Env) -> RouterConfig:
+        """The RouterConfig these flags describe (validated there: a bad value raises ConfigError).
+        Without --api-key the key comes from TGICTL_API_KEY, which keeps it out of `ps`."""
+        values = dict(self.values)
+        if values["api_key"] is None:
+            values["api_key"] = env.api_key
+        return RouterConfig(master_shard_uds_path=master_shard_uds_path, tokenizer_name=tokenizer_name, **values)
 
 
 def with_router_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from tgictl.config import LaunchConfig, LogConfig, RouterConfig
+from tgictl.env import API_KEY_VAR
 from tgictl.log import child_environ
 from tgictl.runtime.launcher_process import ChildSpec
 
@@ -47,6 +48,9 @@ ROUTER_FLAGS: dict[str, str] = {
     "payload_limit": "--payload-limit",
     "validation_workers": "--validation-workers",
 }
+# RouterConfig fields passed in the router's environment, never on its command line: `ps` shows
+# every process's arguments to every local user (its environment only to its owner).
+ROUTER_SECRETS: dict[str, str] = {"api_key": API_KEY_VAR}
 # RouterConfig fields `tgictl router` has no flag for (internal tuning kept at its default).
 ROUTER_FIELDS_WITHOUT_FLAG = frozenset({"max_new_tokens_per_round"})
 _ALWAYS_PASSED = (
@@ -77,12 +81,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def router_argv(router: RouterConfig) -> list[str]:
     """`tgictl router` flags for `router`: the launcher-owned ones always, the rest when not default,
-    so the router's own defaults (the same dataclass) stay the single source."""
+    so the router's own defaults (the same dataclass) stay the single source. Secrets never: see
+    router_secrets_env."""
     defaults = {f.name: f.default for f in fields(RouterConfig)}
     argv: list[str] = []
     for name, flag in ROUTER_FLAGS.items():
         value = getattr(router, name)
-        if value is None or (name not in _ALWAYS_PASSED and value == defaults.get(name)):
+        if name in ROUTER_SECRETS or value is None or (name not in _ALWAYS_PASSED and value == defaults.get(name)):
             continue
         if isinstance(value, tuple):
             for item in value:
@@ -90,6 +95,11 @@ def router_argv(router: RouterConfig) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+def router_secrets_env(router: RouterConfig) -> dict[str, str]:
+    """The variables that carry `router`'s secrets to the router process (the set ones only)."""
+    return {var: getattr(router, name) for name, var in ROUTER_SECRETS.items() if getattr(router, name) is not None}
 
 
 def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[str]:
@@ -117,7 +127,9 @@ def build_plan(
 ) -> LaunchPlan:
     """The command lines for `config`: shards on `{uds_base}-{rank}`, rendezvous on `master_port`.
     `cpu_count`: the cores this process may use, shared out among the shards."""
-    common = {k: v for k, v in base_env.items() if k not in _RENDEZVOUS_VARS}
+    # Secret variables too: the shards need none, and the router gets its config's values, not
+    # whatever this process inherited.
+    common = {k: v for k, v in base_env.items() if k not in _RENDEZVOUS_VARS and k not in ROUTER_SECRETS.values()}
     common.update(child_environ(replace(log_config, json_output=True)))
     common["PYTHONUNBUFFERED"] = "1"  # log lines reach the launcher as they are written
     shard_env = dict(common)
@@ -150,7 +162,9 @@ def build_plan(
     return LaunchPlan(
         shards=shards,
         socket_paths=tuple(Path(f"{uds_base}-{rank}") for rank in range(config.num_shard)),
-        router=ChildSpec(role="router", argv=(*tgictl, "router", *router_argv(router)), env=common),
+        router=ChildSpec(
+            role="router", argv=(*tgictl, "router", *router_argv(router)), env={**common, **router_secrets_env(router)}
+        ),
         router_address=(_probe_host(router.hostname), router.port),
         graceful_termination_timeout_s=router.graceful_termination_timeout_s,
         shard_stop_timeout_s=config.shard_stop_timeout_s,

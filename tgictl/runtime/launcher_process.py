@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 log = logging.getLogger("tgictl.launcher")
@@ -35,7 +35,7 @@ class ChildSpec:
 
     role: str  # "shard" or "router"
     argv: tuple[str, ...]
-    env: Mapping[str, str]
+    env: Mapping[str, str] = field(repr=False)  # may hold secrets (TGICTL_API_KEY, HF_TOKEN)
     rank: int | None = None
 
     @property

@@ -14,9 +14,11 @@ from tgictl.commands.launch import launch
 from tgictl.commands.router import router
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import RouterConfig
+from tgictl.env import Env
 from tgictl.runtime.launcher_plan import ROUTER_FLAGS
 
 LAUNCHER_OWNED = {"--master-shard-uds-path", "--tokenizer-name"}
+NO_ENV = Env.from_environ({"HOME": "/h"})
 
 
 def options(command: Any) -> dict[str, Any]:
@@ -56,7 +58,7 @@ def test_both_commands_share_every_router_option_with_the_same_default_and_help(
 
 
 def test_defaults_are_routerconfigs_own() -> None:
-    config = parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="org/model")
+    config = parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="org/model", env=NO_ENV)
     assert config == RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="org/model")
 
 
@@ -71,7 +73,7 @@ def test_every_flag_reaches_its_field() -> None:
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
         "--payload-limit", "1000", "--validation-workers", "4",
     ]  # fmt: skip
-    config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t")
+    config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
     assert config == RouterConfig(
         master_shard_uds_path="/s-0", tokenizer_name="t", served_model_name="tgi", hostname="0.0.0.0", port=9000,
         graceful_termination_timeout_s=3.5, max_concurrent_requests=7, max_input_tokens=100, max_total_tokens=200,
@@ -84,6 +86,14 @@ def test_every_flag_reaches_its_field() -> None:
     defaults = RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="t")
     flagged = set(ROUTER_FLAGS) - {"master_shard_uds_path", "tokenizer_name"}
     assert {f.name for f in fields(RouterConfig) if getattr(config, f.name) != getattr(defaults, f.name)} == flagged
+
+
+def test_the_api_key_comes_from_the_environment_unless_the_flag_gives_one() -> None:
+    env = Env.from_environ({"HOME": "/h", "TGICTL_API_KEY": "from-env"})
+    assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=env).api_key == "from-env"
+    flagged = parse(["--api-key", "from-flag"])
+    assert flagged.config(master_shard_uds_path="/s-0", tokenizer_name="t", env=env).api_key == "from-flag"
+    assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV).api_key is None
 
 
 def test_a_command_without_router_flags_is_refused() -> None:

@@ -14,7 +14,13 @@ import typer
 from tgictl.commands.router import router as router_command
 from tgictl.config import LaunchConfig, LogConfig, RouterConfig
 from tgictl.errors import ConfigError
-from tgictl.runtime.launcher_plan import ROUTER_FIELDS_WITHOUT_FLAG, ROUTER_FLAGS, build_plan, router_argv
+from tgictl.runtime.launcher_plan import (
+    ROUTER_FIELDS_WITHOUT_FLAG,
+    ROUTER_FLAGS,
+    ROUTER_SECRETS,
+    build_plan,
+    router_argv,
+)
 from tgictl.runtime.launcher_process import LogLine, describe_exit, parse_line
 
 MODEL = Path("/models/tiny")
@@ -42,6 +48,7 @@ def test_every_router_option_maps_to_a_flag_tgictl_router_accepts() -> None:
     assert set(ROUTER_FLAGS) | ROUTER_FIELDS_WITHOUT_FLAG == names
     assert not set(ROUTER_FLAGS) & ROUTER_FIELDS_WITHOUT_FLAG
     assert set(ROUTER_FLAGS.values()) <= router_command_flags()
+    assert set(ROUTER_SECRETS) <= set(ROUTER_FLAGS)  # `tgictl router` takes them as flags too
 
 
 def test_router_argv_passes_launcher_owned_flags_and_only_changed_options() -> None:
@@ -58,7 +65,7 @@ def test_router_argv_passes_launcher_owned_flags_and_only_changed_options() -> N
     )
     assert router_argv(changed)[8:] == [
         "--graceful-termination-timeout", "90.0", "--max-input-tokens", "500", "--max-total-tokens", "512",
-        "--waiting-served-ratio", "1.2", "--api-key", "k", "--cors-allow-origin", "a", "--cors-allow-origin", "b",
+        "--waiting-served-ratio", "1.2", "--cors-allow-origin", "a", "--cors-allow-origin", "b",
     ]  # fmt: skip
 
 
@@ -106,6 +113,25 @@ def test_the_router_serves_the_model_under_the_users_name() -> None:
     chosen = LaunchConfig(router=router_config(served_model_name="tgi"), model_id="org/model")
     argv = build_plan(chosen, MODEL, BASE, LogConfig(), {}, master_port=1).router.argv
     assert argv[argv.index("--served-model-name") + 1] == "tgi"
+
+
+def test_the_api_key_reaches_the_router_through_its_environment_never_argv() -> None:
+    """`ps` shows every process's command line to every local user; its environment only to its owner."""
+    key = "s3cret-key"
+    config = LaunchConfig(router=router_config(api_key=key), num_shard=2)
+    # An inherited key must not reach the shards, and the router gets the configured one.
+    plan = build_plan(config, MODEL, BASE, LogConfig(), {"TGICTL_API_KEY": "inherited"}, master_port=1)
+    assert not any(key in arg for arg in plan.router.argv)
+    assert "--api-key" not in plan.router.argv
+    assert plan.router.env["TGICTL_API_KEY"] == key
+    for spec in (*plan.shards, plan.router):
+        assert not any(key in arg for arg in spec.argv)
+        assert key not in repr(spec)
+    assert ["TGICTL_API_KEY" in spec.env for spec in plan.shards] == [False, False]
+    # No key configured: none is passed on, whatever this process inherited.
+    open_config = LaunchConfig(router=router_config())
+    plan = build_plan(open_config, MODEL, BASE, LogConfig(), {"TGICTL_API_KEY": "inherited"}, master_port=1)
+    assert "TGICTL_API_KEY" not in plan.router.env and "TGICTL_API_KEY" not in plan.shards[0].env
 
 
 def test_shard_threads_are_left_alone_for_one_shard_or_when_set() -> None:
