@@ -158,21 +158,16 @@ def check_block_ownership(
         raise AllocatorIntegrityError(f"blocks leaked (owned by nobody): {missing[:20]}")
 
 
-class BlockAllocator:
-    """No prefix caching (TGI's SimpleAllocator): a free list `1..num_blocks-1`; an allocation
-    takes the LAST blocks of the list and freeing appends them back, so the most recently freed
-    blocks are reused first."""
-
-    prefix_caching = False
+class BlockPool:
+    """What both allocators share: the checked shape and the free list `1..num_blocks-1` (block 0
+    is reserved). Allocations take the LAST blocks of the list and freed (or evicted) blocks are
+    appended, so the most recently freed blocks are reused first (TGI's order)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         check_allocator_shape(num_blocks, block_size)
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._free: list[int] = list(range(1, num_blocks))
-        self._live: dict[int, tuple[int, ...]] = {}  # allocation id -> its blocks
-        self._used = 0
-        self._next_id = 1
 
     @property
     def block_size(self) -> int:
@@ -185,6 +180,18 @@ class BlockAllocator:
     @property
     def free_blocks(self) -> int:
         return len(self._free)
+
+
+class BlockAllocator(BlockPool):
+    """No prefix caching (TGI's SimpleAllocator): the free list alone."""
+
+    prefix_caching = False
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self._live: dict[int, tuple[int, ...]] = {}  # allocation id -> its blocks
+        self._used = 0
+        self._next_id = 1
 
     @property
     def cached_blocks(self) -> int:

@@ -18,8 +18,8 @@ from tgictl.errors import AllocatorError, AllocatorIntegrityError
 from tgictl.runtime.router.allocator_trie import RadixTrie, TrieNode
 from tgictl.runtime.router.block_allocator import (
     BlockAllocation,
+    BlockPool,
     check_allocate_args,
-    check_allocator_shape,
     check_block_ownership,
     check_computed_tokens,
     slots_for,
@@ -43,17 +43,13 @@ class _Live:
         self.blocks = blocks
 
 
-class RadixAllocator:
+class RadixAllocator(BlockPool):
     """KvAllocator with prefix caching. See the module docstring."""
 
     prefix_caching = True
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        check_allocator_shape(num_blocks, block_size)
-        self._num_blocks = num_blocks
-        self._block_size = block_size
-        # Allocations take from the end, evicted and freed blocks are appended (TGI's order).
-        self._free: list[int] = list(range(1, num_blocks))
+        super().__init__(num_blocks, block_size)
         self._trie = RadixTrie(block_size)
         self._live: dict[int, _Live] = {}
         self._suffix_blocks = 0  # blocks owned by allocations outright (not via the trie)
@@ -63,18 +59,6 @@ class RadixAllocator:
     def trie(self) -> RadixTrie:
         """The cache itself, for inspection (tests, debugging); mutate it only via the allocator."""
         return self._trie
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def total_blocks(self) -> int:
-        return self._num_blocks - 1
-
-    @property
-    def free_blocks(self) -> int:
-        return len(self._free)
 
     @property
     def cached_blocks(self) -> int:
