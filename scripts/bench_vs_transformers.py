@@ -68,6 +68,8 @@ def parse_args() -> argparse.Namespace:
                         help="torch threads on both sides (the launched server gets OMP_NUM_THREADS); "
                         "default: torch's.")
     parser.add_argument("--port", type=int, default=None, help="Port of the launched server (default: a free one).")
+    parser.add_argument("--kv-cache-memory", default=None,
+                        help="Passed to the launched server, e.g. 64MiB (default: tgictl's own budget).")
     parser.add_argument("--output", type=Path, default=None, help="Write every timing and the medians as JSON.")
     args = parser.parse_args()
     if args.threads is not None and args.threads < 1:
@@ -97,6 +99,8 @@ def tgictl_server(args: argparse.Namespace, model_dir: Path, max_total: int) -> 
     command = [sys.executable, "-m", "tgictl", "launch", "--model-id", str(model_dir), "--port", str(port),
                "--dtype", args.dtype, "--max-total-tokens", str(max_total),
                "--max-input-tokens", str(max_total - 1)]
+    if args.kv_cache_memory is not None:
+        command += ["--kv-cache-memory", args.kv_cache_memory]
     # The server's log goes to a temporary file (named on failure), never into the checkout.
     log = tempfile.NamedTemporaryFile(prefix="tgictl-bench-server-", suffix=".log", delete=False)  # noqa: SIM115
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
@@ -124,6 +128,7 @@ def tgictl_server(args: argparse.Namespace, model_dir: Path, max_total: int) -> 
             server.kill()
             server.wait()
         log.close()
+    Path(log.name).unlink()  # reached only when everything went well; otherwise the log stays to read
 
 
 def transformers_sequential(model: Any, prompts: list[list[int]], new_tokens: int) -> float:
