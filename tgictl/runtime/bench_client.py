@@ -141,6 +141,10 @@ class _Reader:
 
     def _openai(self, payload: dict[str, Any]) -> bool:
         for choice in payload.get("choices") or []:
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and "role" in delta and not delta.get("content") \
+                    and choice.get("finish_reason") is None:
+                continue  # OpenAI and vLLM open a chat stream with a role-only chunk: no token yet
             self._token()
             if choice.get("finish_reason") is not None:
                 self.record.finish_reason = choice["finish_reason"]

@@ -68,8 +68,18 @@ async def _completions(request: Request) -> Response:
     return _sse([chunk, chunk, chunk, end, usage, "[DONE]"])
 
 
+async def _chat(request: Request) -> Response:
+    """OpenAI's own shape: a role-only chunk first, then one chunk per token, then usage."""
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    token = {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+    end = {"choices": [{"index": 0, "delta": {"content": "y"}, "finish_reason": "stop"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}
+    return _sse([role, token, token, end, usage, "[DONE]"])
+
+
 APP = Starlette(routes=[Route("/generate_stream", _tgi, methods=["POST"]),
-                        Route("/v1/completions", _completions, methods=["POST"])])
+                        Route("/v1/completions", _completions, methods=["POST"]),
+                        Route("/v1/chat/completions", _chat, methods=["POST"])])
 
 
 def _send(api: str, text: str) -> RequestRecord:
@@ -96,6 +106,12 @@ def test_openai_stream_counts_come_from_usage() -> None:
     record = _send("openai-completions", "ok")
     assert record.ok and record.stream_events == 4
     assert (record.output_tokens, record.prompt_tokens, record.finish_reason) == (4, 5, "length")
+
+
+def test_chat_role_chunk_is_not_a_token() -> None:
+    record = _send("openai-chat", "ok")
+    assert record.ok and record.stream_events == 3 and len(record.token_times) == 3
+    assert (record.output_tokens, record.prompt_tokens, record.finish_reason) == (3, 9, "stop")
 
 
 def test_failures_are_recorded() -> None:
