@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 import typer
@@ -89,7 +89,7 @@ _FLAGS_PARAMETER = "router_flags"
 class RouterFlags:
     """The router options as parsed: RouterConfig field → value, for every option in the table."""
 
-    values: Mapping[str, Any]
+    values: Mapping[str, Any] = field(repr=False)  # holds --api-key: never printed
 
     def config(self, *, master_shard_uds_path: str, tokenizer_name: str, env: Env) -> RouterConfig:
         """The RouterConfig these flags describe (validated there: a bad value raises ConfigError).

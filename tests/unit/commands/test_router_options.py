@@ -92,6 +92,7 @@ def test_the_api_key_comes_from_the_environment_unless_the_flag_gives_one() -> N
     env = Env.from_environ({"HOME": "/h", "TGICTL_API_KEY": "from-env"})
     assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=env).api_key == "from-env"
     flagged = parse(["--api-key", "from-flag"])
+    assert "from-flag" not in repr(flagged)
     assert flagged.config(master_shard_uds_path="/s-0", tokenizer_name="t", env=env).api_key == "from-flag"
     assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV).api_key is None
 
