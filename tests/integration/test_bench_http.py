@@ -137,6 +137,7 @@ def test_bad_flags_exit_2_with_one_line(stack: Stack) -> None:
         (["--url", stack.url, "--slo", "ttft=-1"], "--slo ttft must be > 0"),
         (["--url", stack.url, "--workload", "file"], "needs --dataset"),
         (["--url", stack.url, "--concurrency", "1,x"], "--concurrency must be comma-separated"),
+        (["--url", "http://127.0.0.1:9", "--tokenizer", "."], "cannot reach --url http://127.0.0.1:9"),
     ):
         done = bench("bench", *args)
         assert done.returncode == 2, done.stderr

@@ -81,6 +81,15 @@ async def _tokenizer(config: BenchConfig, client: httpx.AsyncClient) -> RouterTo
         return None
 
 
+async def _check_reachable(client: httpx.AsyncClient, url: str) -> None:
+    """Fail at once on a wrong --url, instead of a run where every request failed. Any HTTP answer
+    will do (OpenAI-compatible servers may have no /health)."""
+    try:
+        await client.get("/health", timeout=10.0)
+    except httpx.TransportError as err:
+        raise ConfigError(f"cannot reach --url {url}: {type(err).__name__}: {err}") from None
+
+
 def build_workload(config: BenchConfig, maker: PromptMaker | None, count: int, seed: int) -> list[BenchPrompt]:
     output_len = config.output_len or DEFAULT_OUTPUT_LEN
     if config.workload == "file":
@@ -146,6 +155,7 @@ async def run_http_bench(config: BenchConfig, console: Console) -> dict[str, Any
     timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # the load, not the pool
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=timeout, limits=limits) as client:
+        await _check_reachable(client, config.url)
         tokenizer = await _tokenizer(config, client)
         maker = PromptMaker(tokenizer) if tokenizer is not None else None
         size = config.num_requests or DEFAULT_RANDOM_REQUESTS
