@@ -142,3 +142,17 @@ def test_bad_flags_exit_2_with_one_line(stack: Stack) -> None:
         done = bench("bench", *args)
         assert done.returncode == 2, done.stderr
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_api_key_reaches_every_call(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with http_stack(tiny_model_dir, tmp_path, router_args=["--api-key", "sesame"]) as locked:
+        result = run_bench(tmp_path, "--url", locked.url, "--api-key", "sesame", "--input-len", "6",
+                           "--output-len", "2", "--num-requests", "2", "--ignore-eos")
+        (run,) = result["runs"]
+        check_run(run, 2, (2, 2))
+        # The served model was found through the protected /info (no --tokenizer given).
+        assert all(r["tokenizer_prompt_tokens"] == 6 for r in run["requests"])
+        refused = run_bench(tmp_path, "--url", locked.url, "--tokenizer", str(tiny_model_dir), "--input-len", "6",
+                            "--output-len", "2", "--num-requests", "2")
+        assert refused["runs"][0]["summary"]["failed"] == 2
+        assert all(r["status"] == 401 for r in refused["runs"][0]["requests"])

@@ -19,7 +19,7 @@ from tgictl import __version__
 from tgictl.config import BenchConfig
 from tgictl.errors import ConfigError, ModelNotFoundError
 from tgictl.log import get_logger
-from tgictl.runtime.bench_client import ApiSettings, RequestRecord, send
+from tgictl.runtime.bench_client import ApiSettings, RequestRecord, auth_headers, send
 from tgictl.runtime.bench_load import LoadPlan, run_load
 from tgictl.runtime.bench_report import latency_table, make_progress, throughput_table, write_json
 from tgictl.runtime.bench_server_metrics import MetricsPoller, scrape, server_figures
@@ -154,14 +154,15 @@ async def run_http_bench(config: BenchConfig, console: Console) -> dict[str, Any
     assert config.url is not None
     timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # the load, not the pool
-    async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=timeout, limits=limits,
+                                 headers=auth_headers(config.api_key)) as client:
         await _check_reachable(client, config.url)
         tokenizer = await _tokenizer(config, client)
         maker = PromptMaker(tokenizer) if tokenizer is not None else None
         size = config.num_requests or DEFAULT_RANDOM_REQUESTS
         prompts = build_workload(config, maker, size, config.seed)  # sizes every run of the sweep
         model = config.model_id or await server_model_id(client) or "tgictl"
-        settings = ApiSettings(config.api, model, config.ignore_eos, config.api_key)
+        settings = ApiSettings(config.api, model, config.ignore_eos)
         if config.warmup:
             warm = build_workload(config, maker, config.warmup, config.seed + _WARMUP_SEED_OFFSET)
             warm_plan = LoadPlan(concurrency=min(config.warmup, max(config.concurrency)), num_requests=config.warmup)

@@ -77,10 +77,11 @@ class ApiSettings:
     api: str
     model: str  # the `model` field of OpenAI bodies (TGI-compatible servers ignore it)
     ignore_eos: bool
-    api_key: str | None = None
 
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The client's default headers: every call (requests, /info, /metrics) carries the key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def request_body(settings: ApiSettings, prompt: BenchPrompt) -> dict[str, Any]:
@@ -171,8 +172,7 @@ async def send(client: httpx.AsyncClient, settings: ApiSettings, prompt: BenchPr
     reader = _Reader(settings.api, record, sent)
     finished = False
     try:
-        async with client.stream("POST", _PATHS[settings.api], json=request_body(settings, prompt),
-                                 headers=settings.headers()) as response:
+        async with client.stream("POST", _PATHS[settings.api], json=request_body(settings, prompt)) as response:
             record.status = response.status_code
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")

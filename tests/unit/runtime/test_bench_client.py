@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tgictl.runtime.bench_client import ApiSettings, RequestRecord, request_body, send
+from tgictl.runtime.bench_client import ApiSettings, RequestRecord, auth_headers, request_body, send
 from tgictl.runtime.bench_workloads import BenchPrompt
 
 PROMPT = BenchPrompt("hello there", (("system", "be brief"), ("user", "hello there")), 3, 2, group=1)
@@ -30,7 +30,7 @@ def test_request_bodies() -> None:
     assert "ignore_eos" not in chat and chat["max_tokens"] == 3 and chat["model"] == "m"
     completions = request_body(ApiSettings("openai-completions", "m", ignore_eos=True), PROMPT)
     assert completions["prompt"] == "hello there" and completions["ignore_eos"] is True
-    assert ApiSettings("tgi", "m", False, api_key="k").headers() == {"Authorization": "Bearer k"}
+    assert auth_headers("k") == {"Authorization": "Bearer k"} and auth_headers(None) == {}
 
 
 def _sse(events: list[Any]) -> StreamingResponse:
