@@ -63,7 +63,9 @@ def generate(url: str, stream: bool) -> httpx.Response:
 
 def test_a_failing_batch_fails_only_its_requests(stack: Stack) -> None:
     url = stack.url
-    health = lambda: httpx.get(f"{url}/health", timeout=30).status_code  # noqa: E731
+
+    def health() -> int:
+        return httpx.get(f"{url}/health", timeout=30).status_code
 
     r1 = generate(url, stream=False)  # steps 1-3
     assert r1.status_code == 200, r1.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -41,7 +42,7 @@ def tally() -> Counter[str]:
 
 
 @pytest.fixture(scope="module")
-def client(stack: Stack) -> httpx.Client:
+def client(stack: Stack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.url, timeout=TIMEOUT_S) as c:
         yield c
 
@@ -235,6 +236,35 @@ def test_route_answers_2xx_or_4xx_with_error_json(
     except AssertionError:
         print(stack.logs())
         raise
+
+
+# Inputs this fuzz found, each of which used to break the server, and the answer they get now.
+PAST_FAILURES = [
+    # A lone surrogate reached the tokenizer: TypeError, 500, and the keep-alive connection reset.
+    ("/generate", b'{"inputs": "\\ud800", "parameters": {"max_new_tokens": 2}}', 422),
+    ("/tokenize", b'{"inputs": "a\\udfffb"}', 422),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', 422),
+    # 1e308 is inf and 1e-46 is 0 in the shard's float32: the batch failed (424, server unhealthy).
+    ("/generate", b'{"inputs": "hi", "parameters": {"repetition_penalty": 1e308, "max_new_tokens": 2}}', 422),
+    ("/generate", b'{"inputs": "hi", "parameters": {"temperature": 1e-46, "max_new_tokens": 2}}', 422),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "top_p": 1e-46}', 422),
+    # top_k above uint32 broke the batcher's proto conversion: every in-flight request failed.
+    ("/generate", b'{"inputs": "hi", "parameters": {"top_k": 99999999999999999999999, "max_new_tokens": 2}}', 422),
+    # Sampling at temperature 1e-40 softmaxed +inf scores to NaN: an index error stopped the shard.
+    ("/generate", b'{"inputs": "hi", "parameters": {"temperature": 1e-40, "do_sample": true, "max_new_tokens": 2}}', 200),
+    ("/generate", b'{"inputs": "hi hi", "parameters": {"repetition_penalty": 1e-40, "temperature": 1e38, '
+                  b'"top_p": 0.5, "typical_p": 0.5, "min_p": 0.5, "do_sample": true, "max_new_tokens": 3}}', 200),
+]
+
+
+@pytest.mark.parametrize(("route", "raw", "status"), PAST_FAILURES)
+def test_past_failures_stay_fixed(route: str, raw: bytes, status: int, client: httpx.Client, stack: Stack) -> None:
+    answer = client.post(route, content=raw, headers={"content-type": "application/json"})
+    assert answer.status_code == status, answer.text
+    if status >= 400:
+        assert assert_error_json(status, answer.content)["error_type"] == "validation"
+    assert client.get("/health").status_code == 200  # no batch failed, the shard lives
+    assert stack.shard.poll() is None
 
 
 def test_no_route_accepts_an_oversized_body(client: httpx.Client, tally: Counter[str]) -> None:
