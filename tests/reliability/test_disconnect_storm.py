@@ -147,7 +147,8 @@ def test_stayers_get_their_alone_output_and_nothing_leaks(stack: Stack) -> None:
     assert httpx.get(f"{stack.url}/health", timeout=10).status_code == 200
     modes = Counter(f"{'stream' if o.client.stream else 'plain'}:{o.client.leave}" for o in leavers)
     mid = sum(1 for o in leavers if o.client.stream and o.tokens_seen > 0)
-    dropped = re.search(r'^tgi_request_failure_total\{err="dropped"\} (\S+)$', httpx.get(f"{stack.url}/metrics").text, re.M)
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    dropped = re.search(r'^tgi_request_failure_total\{err="dropped"\} (\S+)$', metrics, re.M)
     print(f"\nstorm: {len(outcomes)} requests; {len(stayers)} stayed, all correct; {len(leavers)} left "
           f"({dict(sorted(modes.items()))}; {mid} streaming ones after >= 1 token; the router counted "
           f"{dropped.group(1) if dropped else '?'} dropped); "

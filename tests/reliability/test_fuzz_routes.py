@@ -130,7 +130,8 @@ def chat_body(v: Field) -> st.SearchStrategy[Any]:
     return st.fixed_dictionaries(
         {"messages": v(st.lists(message, min_size=1, max_size=4))},
         optional={
-            **openai_sampling(v), "logprobs": v(st.booleans()), "top_logprobs": v(st.integers(min_value=-1, max_value=8)),
+            **openai_sampling(v), "logprobs": v(st.booleans()),
+            "top_logprobs": v(st.integers(min_value=-1, max_value=8)),
             "max_completion_tokens": v(SMALL), "logit_bias": ANY, "tools": ANY, "tool_choice": ANY,
             "response_format": ANY,
         },
@@ -163,7 +164,9 @@ CONTENT_TYPES = st.sampled_from(
     ["text/plain", "", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml",
      "APPLICATION/JSON", "application/json; charset=latin-1", "application/vnd.api+json", "application/json\x7f"]
 )
-INVALID_UTF8 = st.sampled_from([b"\xff", b"\xfe\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80", b"\xc0\xaf"])
+INVALID_UTF8 = st.sampled_from(
+    [b"\xff", b"\xfe\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80", b"\xc0\xaf"]
+)
 
 
 @st.composite
@@ -251,7 +254,8 @@ PAST_FAILURES = [
     # top_k above uint32 broke the batcher's proto conversion: every in-flight request failed.
     ("/generate", b'{"inputs": "hi", "parameters": {"top_k": 99999999999999999999999, "max_new_tokens": 2}}', 422),
     # Sampling at temperature 1e-40 softmaxed +inf scores to NaN: an index error stopped the shard.
-    ("/generate", b'{"inputs": "hi", "parameters": {"temperature": 1e-40, "do_sample": true, "max_new_tokens": 2}}', 200),
+    ("/generate", b'{"inputs": "hi", "parameters": {"temperature": 1e-40, "do_sample": true, '
+                  b'"max_new_tokens": 2}}', 200),
     ("/generate", b'{"inputs": "hi hi", "parameters": {"repetition_penalty": 1e-40, "temperature": 1e38, '
                   b'"top_p": 0.5, "typical_p": 0.5, "min_p": 0.5, "do_sample": true, "max_new_tokens": 3}}', 200),
 ]
@@ -274,12 +278,16 @@ def test_no_route_accepts_an_oversized_body(client: httpx.Client, tally: Counter
         answer = client.post(route, content=big, headers={"content-type": "application/json"})
         assert answer.status_code == 413
         assert assert_error_json(413, answer.content)["error_type"] == "payload_too_large"
-        chunked = client.post(route, content=iter([big[:1000], big[1000:]]), headers={"content-type": "application/json"})
+        chunked = client.post(
+            route, content=iter([big[:1000], big[1000:]]), headers={"content-type": "application/json"}
+        )
         assert chunked.status_code == 413, chunked.text
         tally[f"{route} 413"] += 2
 
 
-def test_server_is_healthy_and_nothing_leaked_afterwards(stack: Stack, client: httpx.Client, tally: Counter[str]) -> None:
+def test_server_is_healthy_and_nothing_leaked_afterwards(
+    stack: Stack, client: httpx.Client, tally: Counter[str]
+) -> None:
     assert client.get("/health").status_code == 200
     state = wait_idle(stack.url)
     assert state.free + state.cached == state.total and state.queue == 0

@@ -35,7 +35,10 @@ async def run_all(url: str) -> list[httpx.Response]:
         return list(
             await asyncio.gather(
                 *(
-                    http.post("/generate", json={"inputs": prompt(i), "parameters": {**GREEDY, "max_new_tokens": NEW_TOKENS}})
+                    http.post(
+                        "/generate",
+                        json={"inputs": prompt(i), "parameters": {**GREEDY, "max_new_tokens": NEW_TOKENS}},
+                    )
                     for i in range(REQUESTS)
                 )
             )

@@ -54,7 +54,9 @@ async def one(http: httpx.AsyncClient, route: str, index: int, new_tokens: int =
             return Answer(route, 200, seconds, None, str(events[-1]))
         return Answer(route, 200, seconds, events[-1]["details"]["generated_tokens"], None)
     payload = response.json()
-    tokens = payload["usage"]["completion_tokens"] if route == "/v1/completions" else payload["details"]["generated_tokens"]
+    if route == "/v1/completions":
+        return Answer(route, 200, seconds, payload["usage"]["completion_tokens"], None)
+    tokens = payload["details"]["generated_tokens"]
     return Answer(route, 200, seconds, tokens, None)
 
 
@@ -77,7 +79,8 @@ def test_excess_gets_429_at_once_and_admitted_requests_finish(stack: Stack) -> N
     assert state.free + state.cached == state.total
     print(f"\noverload: {len(answers)} requests at once; {len(admitted)} admitted, all finished "
           f"({dict(Counter(a.route for a in admitted))}); {len(refused)} got 429 within "
-          f"{max(a.seconds for a in refused) * 1000:.0f} ms (admitted took >= {min(a.seconds for a in admitted):.1f} s); "
+          f"{max(a.seconds for a in refused) * 1000:.0f} ms "
+          f"(admitted took >= {min(a.seconds for a in admitted):.1f} s); "
           f"blocks leaked: {state.total - state.free - state.cached}")
 
 

@@ -117,7 +117,8 @@ def test_api_key_guards_every_generating_or_revealing_route(launched: LaunchProc
                 assert answer.status_code == 401 and "tiny" not in answer.text, (path, answer.text)
                 sent += 1
             # A body of the wrong shape is not validated (which would reveal the limits) before the key.
-            answer = http.post("/generate", json={"inputs": 5, "parameters": {"max_new_tokens": 10**9}}, headers=headers)
+            wrong_shape = {"inputs": 5, "parameters": {"max_new_tokens": 10**9}}
+            answer = http.post("/generate", json=wrong_shape, headers=headers)
             assert answer.status_code == 401, answer.text
             sent += 1
         for path in OPEN_GETS:  # probes and monitoring reveal nothing about the model

@@ -73,7 +73,8 @@ def test_sigterm_drains_then_ends_the_rest_and_exits_0(tiny_model_dir: Path, tmp
         outcomes, refused, took = asyncio.run(scenario())
         assert refused == [503, 503, 503, 503], refused
         for kind, tokens, how in outcomes:
-            allowed = {f"finished {tokens}", "error event shutting_down" if kind == "stream" else "status 503 shutting_down"}
+            ended_early = "error event shutting_down" if kind == "stream" else "status 503 shutting_down"
+            allowed = {f"finished {tokens}", ended_early}
             assert how in allowed, (kind, tokens, how, outcomes)
         assert all(how == f"finished {tokens}" for _, tokens, how in outcomes if tokens == SHORT), outcomes
         assert took < GRACE_S + 5.0, f"the last request ended {took:.1f} s after SIGTERM"
