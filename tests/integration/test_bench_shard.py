@@ -78,8 +78,11 @@ def test_static_batches_through_grpc(shard_socket: Path, tmp_path: Path) -> None
 
 
 def test_a_batch_beyond_the_kv_cache_is_refused(shard_socket: Path) -> None:
-    # 1 MiB holds 128 blocks of the tiny llama; 100 requests of 2 blocks each do not fit.
-    done = bench("--shard", str(shard_socket), "--batch-size", "100", "--sequence-length", "20",
-                 "--decode-length", "4", "--runs", "1")
+    # 1 MiB holds 128 blocks of the tiny llama; two requests of ceil(1020 / 16) = 64 blocks do not fit.
+    done = bench("--shard", str(shard_socket), "--batch-size", "2", "--sequence-length", "20",
+                 "--decode-length", "1000", "--runs", "1")
     assert done.returncode == 2
-    assert "batch size 100 needs 201 KV blocks (block 0 included) but the shard holds 128" in done.stderr
+    assert "batch size 2 needs 129 KV blocks (block 0 included) but the shard holds 128" in done.stderr
+    done = bench("--shard", str(shard_socket), "--batch-size", "1", "--sequence-length", "20",
+                 "--decode-length", "100000", "--runs", "1")
+    assert done.returncode == 2 and "exceeds the model's max_position_embeddings" in done.stderr
