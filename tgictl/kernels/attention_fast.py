@@ -1,10 +1,12 @@
 """Fast paged attention in plain torch: one batched call for all decode rows, one per prefill sequence.
 
 Both kernels gather context K/V from the paged cache with the flat slot indices precomputed in the
-metadata, then run torch's scaled_dot_product_attention in float32. Float32 is deliberate: softmax
-must be float32 for numerics, and on CPU SDPA over upcast inputs measured ~2x faster than bf16 SDPA
-and than hand-written matmul + softmax (scripts/bench_kernels.py). Softcapping (tanh on the logits)
-is not expressible in SDPA, so it takes an explicit matmul path.
+metadata. Prefill runs torch's scaled_dot_product_attention in float32 (softmax must be float32, and
+on CPU SDPA over upcast inputs measured ~2x faster than bf16 SDPA for long queries). Decode (one query
+row per sequence) uses batched matmuls in the model's dtype with a float32 softmax: at batch 32 and 256
+cached tokens in bf16 that measured 0.9 ms per layer against 2.3 ms for upcast + SDPA, most of which was
+the float32 copies of K and V (scripts/perf_decode.py). Softcapping (tanh on the logits) is not
+expressible in SDPA, so prefill takes an explicit matmul path for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,40 @@ def _softcapped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, sof
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+# Up to this many KV heads, decode scores and outputs are computed as ONE dense batched matmul per
+# sequence against a block-diagonal query (kv_heads-fold wasted FLOPs): SmolLM2 (3 KV heads, 3 query
+# heads each) measured 0.36 ms against 0.79 ms for per-KV-head matmuls, whose 3-row products run far
+# below the matmul kernels' speed. Many KV heads (MHA) would waste too much; they take per-head matmuls.
+_BLOCK_DIAGONAL_MAX_KV_HEADS = 4
+
+
+def _decode_scores(q: Tensor, k: Tensor) -> Tensor:
+    """q: [n, kv_heads, group, d]; k: [n, T, kv_heads, d] (contiguous) -> raw q.k [n, heads, T]."""
+    n, kv_heads, group, d = q.shape
+    t = k.shape[1]
+    if kv_heads == 1 or kv_heads > _BLOCK_DIAGONAL_MAX_KV_HEADS:
+        # [n, kv_heads, group, d] @ [n, kv_heads, d, T]
+        return torch.matmul(q, k.permute(0, 2, 3, 1)).view(n, kv_heads * group, t)
+    # q_block: [n, kv_heads * d, heads]; column kv * group + j holds query head (kv, j) in rows of KV head kv
+    q_block = q.new_zeros(n, kv_heads, d, kv_heads, group)
+    torch.diagonal(q_block, dim1=1, dim2=3).copy_(q.permute(0, 3, 2, 1))  # [n, d, group, kv_heads] view
+    scores = torch.bmm(k.view(n, t, kv_heads * d), q_block.view(n, kv_heads * d, kv_heads * group))
+    return scores.transpose(1, 2)  # [n, heads, T]
+
+
+def _decode_output(probs: Tensor, v: Tensor, group: int) -> Tensor:
+    """probs: [n, heads, T]; v: [n, T, kv_heads, d] (contiguous) -> [n, heads, d]."""
+    n, heads, t = probs.shape
+    kv_heads, d = v.shape[2], v.shape[3]
+    if kv_heads == 1 or kv_heads > _BLOCK_DIAGONAL_MAX_KV_HEADS:
+        out = torch.matmul(probs.view(n, kv_heads, group, t), v.transpose(1, 2))  # [n, kv_heads, group, d]
+        return out.reshape(n, heads, d)
+    # every head against every KV head's values, then each head keeps its own KV head's block
+    full = torch.bmm(probs, v.view(n, t, kv_heads * d)).view(n, kv_heads, group, kv_heads, d)
+    own = torch.diagonal(full, dim1=1, dim2=3)  # [n, group, d, kv_heads]
+    return own.permute(0, 3, 1, 2).reshape(n, heads, d)
+
+
 def decode_attention(
     query: Tensor,
     key_cache: Tensor,
@@ -40,23 +76,24 @@ def decode_attention(
 
     query: [n, heads, head_dim], row i belonging to the plan's i-th decode sequence.
     Returns [n, heads, head_dim] in query's dtype.
+
+    The products run in the query's dtype (bf16 matmuls are about twice float32's speed on CPUs with
+    AVX512-bf16, and torch's CPU SDPA is slow in bf16); only the scores' scaling, mask and softmax are
+    float32, as transformers' eager attention does.
     """
     n, heads, head_dim = query.shape
     kv_heads = key_cache.shape[2]
     group = heads // kv_heads
     t = plan.max_context_len
-    # k, v: [n, kv_heads, T, head_dim] (gathered in cache dtype, then upcast: half the bytes moved)
-    k = _flat(key_cache).index_select(0, plan.slots).float().view(n, t, kv_heads, head_dim).transpose(1, 2)
-    v = _flat(value_cache).index_select(0, plan.slots).float().view(n, t, kv_heads, head_dim).transpose(1, 2)
-    # GQA without copying K/V: the `group` query heads sharing a KV head become `group` query rows
-    # of that head (one query position each, all with the same visible context).
-    # q: [n, kv_heads, group, head_dim]
-    q = query.float().view(n, kv_heads, group, head_dim)
-    if softcap is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.bias, scale=scale)
-    else:
-        out = _softcapped(q, k, v, plan.bias, scale, softcap)
-    return out.reshape(n, heads, head_dim).to(query.dtype)
+    dtype = query.dtype
+    # k, v: [n, T, kv_heads, head_dim], contiguous (padding rows gather the sequence's position 0)
+    k = _flat(key_cache).index_select(0, plan.slots).view(n, t, kv_heads, head_dim).to(dtype)
+    v = _flat(value_cache).index_select(0, plan.slots).view(n, t, kv_heads, head_dim).to(dtype)
+    scores = _decode_scores(query.view(n, kv_heads, group, head_dim), k).float() * scale  # [n, heads, T]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores + plan.bias.view(n, 1, t), dim=-1).to(dtype)  # [n, heads, T]
+    return _decode_output(probs, v, group)
 
 
 def prefill_attention(

@@ -112,6 +112,9 @@ BASE_SPECS: tuple[CaseSpec, ...] = (
     CaseSpec(seqs=((8, 4), (3, 9))),  # prefill after a cached prefix (prefix reuse / chunking)
     CaseSpec(seqs=((0, 6), (7, 1)), heads=4, kv_heads=1),  # GQA, one KV head
     CaseSpec(seqs=((5, 3), (7, 1)), heads=4, kv_heads=4),  # plain MHA
+    # decode's per-KV-head matmuls (more KV heads than its block-diagonal path takes), and SmolLM2's 9/3
+    CaseSpec(seqs=((5, 1), (11, 1), (2, 4)), heads=6, kv_heads=6),
+    CaseSpec(seqs=((5, 1), (11, 1), (2, 4)), heads=9, kv_heads=3),
     CaseSpec(seqs=((3, 2), (4, 1), (0, 5)), block_size=1),
     CaseSpec(seqs=((20, 1), (17, 5), (0, 33)), block_size=16),  # not block aligned, spans blocks
     CaseSpec(seqs=((16, 1), (12, 4)), block_size=16),  # exactly block aligned

@@ -1,0 +1,143 @@
+"""Where a shard decode step spends its time: the real ModelRunner path (step inputs, attention
+metadata, forward, sampling, bookkeeping) at one batch size and context, plus a bare model-math step.
+
+    python scripts/perf_decode.py --dtype bfloat16 --batch 32 --context 256 --threads 2
+    python scripts/perf_decode.py --profile 5      # also print torch.profiler's top ops over 5 steps
+
+"bare" is the roofline of issue 10: the same model's forward with the metadata built once outside the
+timing, no sampling and no batch bookkeeping. Prefill is done for real (one forward per request).
+Not a test: numbers depend on the machine and its load (printed next to the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+from tgictl.kernels import build_attention_metadata  # noqa: E402
+from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams  # noqa: E402
+from tgictl.runtime.shard.batch import ShardBatch  # noqa: E402
+from tgictl.runtime.shard.dist import DistContext  # noqa: E402
+from tgictl.runtime.shard.model_runner import ModelRunner  # noqa: E402
+from tgictl.runtime.shard.models.registry import load_model  # noqa: E402
+
+DEFAULT_MODEL = Path.home() / ".cache/tgictl/models/HuggingFaceTB--SmolLM2-135M-Instruct"
+BLOCK = 16
+
+
+def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Request, ...]:
+    """`batch` requests whose prompts are `context` tokens long, each with its own blocks (1 + ...)."""
+    per = -(-(context + new_tokens) // BLOCK)
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for r in range(batch):
+        blocks = tuple(range(1 + r * per, 1 + (r + 1) * per))
+        slots = tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(context + new_tokens))
+        ids = tuple(torch.randint(0, vocab, (context,), generator=gen).tolist())
+        out.append(
+            Request(
+                id=r,
+                input_ids=ids,
+                sampling=SamplingParams(),
+                stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True),
+                blocks=blocks,
+                slots=slots,
+            )
+        )
+    return tuple(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=12, help="timed decode steps")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--profile", type=int, default=0, help="also profile this many steps (torch.profiler)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    model = load_model(args.model_dir, dtype=dtype, device=torch.device("cpu"), dist=DistContext.single())
+    new_tokens = args.steps * 2 + args.profile + 8
+    requests = _requests(args.batch, args.context, new_tokens, model.config.vocab_size)
+    blocks = 1 + args.batch * -(-(args.context + new_tokens) // BLOCK)
+    runner = ModelRunner(
+        model, model.allocate_kv_cache(blocks, BLOCK), block_size=BLOCK, dist=DistContext.single(),
+        device=torch.device("cpu"),
+    )
+    vocab = model.config.vocab_size
+    # Prefill each request alone (whole prompt), then concatenate: the decode batch of a server.
+    parts = []
+    for request in requests:
+        part = ShardBatch.from_batch(
+            Batch(id=request.id, requests=(request,)), block_size=BLOCK, num_blocks=blocks, vocab_size=vocab,
+            device=torch.device("cpu"),
+        )
+        _, kept, _ = runner.generate_token(part)
+        assert kept is not None
+        parts.append(kept)
+    batch = ShardBatch.concatenate(parts)
+
+    def timed_step() -> tuple[float, float]:
+        start = time.perf_counter()
+        _, _, timings = runner.generate_token(batch)
+        return time.perf_counter() - start, timings.forward_ns / 1e9
+
+    for _ in range(2):
+        timed_step()
+    full = [timed_step() for _ in range(args.steps)]
+
+    # bare forward: metadata built once, outside the timing; same cache and context length
+    ctx = batch.rows[0].cache_len
+    tables = [row.request.blocks for row in batch.rows]
+    slots = torch.tensor([row.request.slots[ctx] for row in batch.rows])
+    ids = torch.randint(0, vocab, (args.batch,))
+    meta = build_attention_metadata([ctx] * args.batch, [1] * args.batch, [list(t) for t in tables], BLOCK, "cpu")
+    positions = torch.full((args.batch,), ctx, dtype=torch.int64)
+    rows = torch.arange(args.batch)
+    bare = []
+    for i in range(args.steps + 2):
+        start = time.perf_counter()
+        model(ids, positions, slots, runner.kv_cache, meta, rows)
+        if i >= 2:
+            bare.append(time.perf_counter() - start)
+    t0 = time.perf_counter()
+    meta_times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        build_attention_metadata([ctx] * args.batch, [1] * args.batch, [list(t) for t in tables], BLOCK, "cpu")
+        meta_times.append(time.perf_counter() - t0)
+
+    step_s = statistics.median(s for s, _ in full)
+    fwd_s = statistics.median(f for _, f in full)
+    bare_s = statistics.median(bare)
+    load = os.getloadavg()[0]
+    print(
+        f"{args.dtype} batch {args.batch} ctx {args.context} threads {torch.get_num_threads()} load {load:.2f}: "
+        f"step {step_s * 1e3:.1f} ms ({args.batch / step_s:.0f} tok/s), runner forward+sample "
+        f"{fwd_s * 1e3:.1f} ms, bare forward {bare_s * 1e3:.1f} ms ({args.batch / bare_s:.0f} tok/s), "
+        f"metadata build {statistics.median(meta_times) * 1e3:.2f} ms, step/bare {step_s / bare_s:.2f}",
+        flush=True,
+    )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(args.profile):
+                runner.generate_token(batch)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()
