@@ -69,6 +69,8 @@ def test_static_batches_through_grpc(shard_socket: Path, tmp_path: Path) -> None
         assert figures["prefill_latency"]["count"] == 3  # warm-up runs are not measured
         assert figures["decode_token_latency"]["count"] == 3 * 3
         assert figures["decode_total_latency"]["count"] == 3
+        assert len(figures["prefill_s"]) == 3 and [len(run) for run in figures["decode_steps_s"]] == [3, 3, 3]
+        assert figures["decode_total_latency"]["mean"] == pytest.approx(sum(map(sum, figures["decode_steps_s"])) / 3)
         prefill = figures["prefill_latency"]
         assert prefill["p50"] <= prefill["p90"] <= prefill["p99"]
         # Throughput is tokens / latency per sample; with an odd count the median is one sample, so the

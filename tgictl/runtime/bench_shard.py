@@ -38,12 +38,15 @@ class BatchFigures:
     decode_token_latency: Distribution  # one value per decode step of every run
     decode_total_latency: Distribution  # every decode step of a run, summed, per run
     decode_throughput: Distribution  # batch_size / step latency, per decode step
+    prefill_s: tuple[float, ...] = ()  # the raw samples: one prefill per measured run
+    decode_steps_s: tuple[tuple[float, ...], ...] = ()  # per measured run, every decode step
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, **{
             name: getattr(self, name).to_dict()
             for name in ("prefill_latency", "prefill_throughput", "decode_token_latency", "decode_total_latency",
-                         "decode_throughput")}}
+                         "decode_throughput")},
+            "prefill_s": list(self.prefill_s), "decode_steps_s": [list(run) for run in self.decode_steps_s]}
 
 
 def blocks_per_request(sequence_length: int, decode_length: int, block_size: int) -> int:
@@ -131,6 +134,8 @@ async def _measure(client: ShardedClient, config: BenchConfig, info: Info, batch
         decode_token_latency=Distribution.of(flat),
         decode_total_latency=Distribution.of([sum(run_steps) for run_steps in steps]),
         decode_throughput=Distribution.of([batch_size / s for s in flat]),
+        prefill_s=tuple(prefills),
+        decode_steps_s=tuple(tuple(run_steps) for run_steps in steps),
     )
 
 
