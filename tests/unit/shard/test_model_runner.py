@@ -298,3 +298,35 @@ def test_timings_and_non_reporting_ranks(tiny_model_dir: Path, runner: ModelRunn
 
 def test_health_probe_runs_a_real_forward(runner: ModelRunner) -> None:
     assert runner.health() is True
+
+
+def test_finished_rows_leave_the_returned_batch(runner: ModelRunner) -> None:
+    # Decoding the returned batch as is, without the router's FilterBatch, must keep working: a
+    # finished row left behind would overrun its slots in the next forward (and used to kill the shard).
+    runner.set_max_prefill_tokens(None)
+    pool = BlockPool()
+    requests = [
+        make_request(pool, 0, PROMPTS[0], max_new_tokens=1),
+        make_request(pool, 1, PROMPTS[1], max_new_tokens=3, ignore_eos=True),
+        make_request(pool, 2, PROMPTS[2], max_new_tokens=2, ignore_eos=True),
+    ]
+    alone = [run_alone_request(runner, r) for r in requests]
+    outputs = Outputs()
+    generations, batch, _ = runner.generate_token(shard_batch(runner, 5, requests))
+    outputs.add(generations)
+    assert [g.generated_text is not None for g in generations] == [True, False, False]
+    assert batch is not None and batch.id == 5 and batch.request_ids == (1, 2)
+    assert batch.to_cached().request_ids == (1, 2) and batch.to_cached().current_tokens == 2
+    generations, batch, _ = runner.generate_token(batch)
+    outputs.add(generations)
+    assert batch is not None and batch.request_ids == (1,)
+    generations, batch, _ = runner.generate_token(batch)
+    outputs.add(generations)
+    assert batch is None
+    assert [outputs.ids(r.id) for r in requests] == alone
+
+
+def run_alone_request(runner: ModelRunner, request) -> list[int]:  # noqa: ANN001
+    outputs = Outputs()
+    run_to_end(runner, shard_batch(runner, 100 + request.id, [request]), outputs)
+    return outputs.ids(request.id)

@@ -98,13 +98,12 @@ class ModelRunner:
 
         _count_emitted(batch.history, chosen.next_ids, emits)
         generations: list[Generation] = []
-        any_running = False
+        finished: list[int] = []  # batch rows that stopped this step
         for b, row in enumerate(rows):
             if b in prompt_lps:
                 row.prompt_logprobs.extend(prompt_lps[b])  # type: ignore[union-attr]
             row.cache_len += row.chunk_len
             if not emits[b]:
-                any_running = True
                 continue
             first = row.generated == 0
             row.generated += 1
@@ -113,15 +112,18 @@ class ModelRunner:
             reason = finish_reason(
                 row.generated, next_ids[b], stopping.max_new_tokens, stopping.ignore_eos, self.eos_token_ids
             )
-            any_running |= reason is None
+            if reason is not None:
+                finished.append(b)
             if reports:
                 top_tokens = () if top is None or not top_n[b] else (_tokens(top[b]),)
                 generations.append(_generation(row, next_lps[b], first, top_tokens, reason))
-        for row, length in zip(rows, next_chunk_lengths(rows, self.max_prefill_tokens)):
-            row.chunk_len = length
+        next_batch = _without_rows(batch, finished)
+        if next_batch is not None:
+            for row, length in zip(next_batch.rows, next_chunk_lengths(next_batch.rows, self.max_prefill_tokens)):
+                row.chunk_len = length
         end = time.perf_counter_ns()
         timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)
-        return generations, (batch if any_running else None), timings
+        return generations, next_batch, timings
 
     def _prompt_logprobs(self, logits: Tensor, inputs: StepInputs, rows: list[RowState]) -> dict[int, list[float]]:
         """Raw-logit log-probabilities of each next prompt token, for rows that asked (reference 7.4 step 6).
@@ -160,6 +162,21 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.model.forward(zeros, zeros, zeros, self.kv_cache, meta, zeros)
         return bool(torch.isfinite(logits).all().item())
+
+
+def _without_rows(batch: ShardBatch, finished: list[int]) -> ShardBatch | None:
+    """The batch minus the rows that stopped this step; None when none is left.
+
+    Finished rows leave on the shard, so the cached batch never holds a request that cannot take
+    another step (a Decode of one would overrun its slots), and the router needs no FilterBatch round
+    trip when the only change is a request that stopped on EOS or max_new_tokens.
+    """
+    if not finished:
+        return batch
+    if len(finished) == batch.size:
+        return None
+    gone = set(finished)
+    return batch.filter([row.request.id for b, row in enumerate(batch.rows) if b not in gone])
 
 
 def _generation(
