@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -69,21 +68,30 @@ def _load_template(model_dir: Path, config: dict[str, Any]) -> str | None:
     return template if isinstance(template, str) else None
 
 
-@dataclass(frozen=True)
 class ChatTemplate:
-    source: str
-    bos_token: str | None
-    eos_token: str | None
+    """A model's chat template, compiled once (compiling per request cost more than tokenizing)."""
 
-    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> str:
+    def __init__(self, source: str, bos_token: str | None, eos_token: str | None) -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         try:
-            template = env.from_string(self.source)
-            return template.render(
+            self._template: jinja2.Template | None = env.from_string(source)
+            self._compile_error: str | None = None
+        except jinja2.TemplateError as err:  # reported per request: the server still serves /generate
+            self._template = None
+            self._compile_error = f"{type(err).__name__}: {err}"
+
+    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise TemplateError(self._compile_error or "the chat template does not compile")
+        try:
+            return self._template.render(
                 messages=list(messages),
                 tools=list(tools) if tools else None,
                 bos_token=self.bos_token or "",
