@@ -79,6 +79,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     # Prefill each request alone (whole prompt), then concatenate: the decode batch of a server.
     parts = []
+    prefill_start = time.perf_counter()
     for request in requests:
         part = ShardBatch.from_batch(
             Batch(id=request.id, requests=(request,)), block_size=BLOCK, num_blocks=blocks, vocab_size=vocab,
@@ -87,6 +88,7 @@ def main() -> None:
         _, kept, _ = runner.generate_token(part)
         assert kept is not None
         parts.append(kept)
+    prefill_tps = args.batch * args.context / (time.perf_counter() - prefill_start)
     batch = ShardBatch.concatenate(parts)
 
     def timed_step() -> tuple[float, float]:
@@ -127,7 +129,8 @@ def main() -> None:
         f"{args.dtype} batch {args.batch} ctx {args.context} threads {torch.get_num_threads()} load {load:.2f}: "
         f"step {step_s * 1e3:.1f} ms ({args.batch / step_s:.0f} tok/s), runner forward+sample "
         f"{fwd_s * 1e3:.1f} ms, bare forward {bare_s * 1e3:.1f} ms ({args.batch / bare_s:.0f} tok/s), "
-        f"metadata build {statistics.median(meta_times) * 1e3:.2f} ms, step/bare {step_s / bare_s:.2f}",
+        f"metadata build {statistics.median(meta_times) * 1e3:.2f} ms, step/bare {step_s / bare_s:.2f}; "
+        f"prefill {prefill_tps:.0f} tok/s ({args.context}-token prompts, one per forward)",
         flush=True,
     )
     if args.profile:

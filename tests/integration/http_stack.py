@@ -93,7 +93,7 @@ def http_stack(
     router_log = open(work_dir / "router.log", "wb")
     shard = subprocess.Popen(
         [sys.executable, "-m", "tgictl", "shard", "--model-id", str(model_dir), "--uds-path", str(uds),
-         "--kv-cache-memory", "8MiB", *shard_args],
+         "--kv-cache-memory", "8MiB", "--dtype", "float32", *shard_args],
         stdout=shard_log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
     )
     processes: list[subprocess.Popen[bytes]] = [shard]

@@ -25,7 +25,7 @@ def launch(
     num_shard: int = typer.Option(1, "--num-shard", help="Tensor-parallel shards (GPUs, or processes on CPU)."),
     dtype: Optional[str] = typer.Option(
         None, "--dtype", show_default=False,
-        help=f"One of {', '.join(SHARD_DTYPES)} (default: float32 on CPU, bfloat16 on CUDA).",
+        help=f"One of {', '.join(SHARD_DTYPES)} (default: bfloat16 on CUDA and on CPUs with native bf16 math, else float32).",
     ),
     block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
     kv_cache_memory: Optional[str] = typer.Option(

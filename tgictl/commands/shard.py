@@ -21,7 +21,7 @@ def shard(
     model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     dtype: Optional[str] = typer.Option(
-        None, "--dtype", help=f"One of {', '.join(SHARD_DTYPES)} (default: float32 on CPU, bfloat16 on CUDA).",
+        None, "--dtype", help=f"One of {', '.join(SHARD_DTYPES)} (default: bfloat16 on CUDA and on CPUs with native bf16 math, else float32).",
         show_default=False,
     ),
     uds_path: Optional[Path] = typer.Option(

@@ -29,7 +29,7 @@ from tgictl.errors import ConfigError, DeviceError
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
 from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
-from tgictl.runtime.shard.runtime import ShardRuntime
+from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
 from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir, remove_socket
 
@@ -64,7 +64,7 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     check_socket_path(socket_path)
     model_dir = _resolve_model(config, hub)
     device = select_device(config.rank)
-    dtype = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = config.dtype or default_dtype(device)
     dist = init_distributed(
         config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device
     )
