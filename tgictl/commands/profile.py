@@ -233,6 +233,7 @@ def profile(
             report["measured"] = compare(measure(_measure_settings(model_dir, settings, budgets, hardware)), budgets)
         except TgictlError as err:  # the estimates are still worth printing; the error decides the exit
             measure_error = err
+            report["measure_error"] = str(err)
     if _json_output(ctx):
         typer.echo(json.dumps(report))
     else:

@@ -232,3 +232,16 @@ def test_cli_reads_cuda_visible_devices(model_dir: Path) -> None:
     report = json.loads(result.stdout)
     assert report["devices"]["gpus"] == []
     assert report["budgets"]["target"]["value"].startswith("cpu: ")
+
+
+def test_cli_measure_failure_still_prints_the_estimates(model_dir: Path) -> None:
+    result = run_tgictl(
+        "--json-output", "profile", "--model-id", str(model_dir), "--dtype", "float32", "--kv-cache-memory", "1MiB",
+        "--measure",
+    )
+    assert result.returncode == 2
+    report = json.loads(result.stdout)  # a config.json alone: estimates yes, a measurement no
+    assert report["budgets"]["kv_blocks"]["value"] == 128 and "measured" not in report
+    message = f"no *.safetensors files in {model_dir} (convert .bin/.pt or GGUF checkpoints first)"
+    assert report["measure_error"] == message
+    assert json.loads(result.stderr.strip().splitlines()[-1])["message"] == message
