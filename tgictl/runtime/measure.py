@@ -68,7 +68,7 @@ def peak_rss_bytes() -> int:
 
 def _probe_token(model_dir: Path, vocab_size: int) -> int:
     # The router's choice, so the probe is the batch the router would send (needs tokenizer.json).
-    from tgictl.runtime.router.service import _probe_token as router_probe_token
+    from tgictl.runtime.router.service import probe_token as router_probe_token
     from tgictl.runtime.router.tokenizer import RouterTokenizer
 
     return router_probe_token(RouterTokenizer(model_dir), vocab_size)

@@ -70,7 +70,7 @@ class Admission:
         self.permit.close()
 
 
-def _probe_token(tokenizer: RouterTokenizer, vocab_size: int) -> int:
+def probe_token(tokenizer: RouterTokenizer, vocab_size: int) -> int:
     """A token id every model has: TGI warms up on "_test"; we take its first id."""
     ids = tokenizer.encode("_test", add_special_tokens=False)
     return ids[0] if ids and ids[0] < vocab_size else 0
@@ -107,7 +107,7 @@ class RouterService:
         )
         self.allocator = create_allocator(limits.num_blocks, info.block_size, info.use_prefix_caching)
         self.queue = Queue(self.allocator, block_size=info.block_size, support_chunking=info.support_chunking)
-        self.health = HealthChecker(client, _probe_token(tokenizer, info.vocab_size))
+        self.health = HealthChecker(client, probe_token(tokenizer, info.vocab_size))
         self.batcher = Batcher(
             MeteredClient(client, self.metrics),
             self.queue,
@@ -150,7 +150,7 @@ class RouterService:
         info = await client.info()
         tokenizer = RouterTokenizer(model_dir)
         prefill_tokens = max_batch_prefill_tokens(config, info)
-        request = warmup_request(config, info, _probe_token(tokenizer, info.vocab_size), prefill_tokens)
+        request = warmup_request(config, info, probe_token(tokenizer, info.vocab_size), prefill_tokens)
         log.info("warming up the shards with %d prefill tokens", prefill_tokens)
         result = await client.warmup(request)
         limits = derive_limits(config, info, result, prefill_tokens)
