@@ -4,8 +4,9 @@ metadata, forward, sampling, bookkeeping) at one batch size and context, plus a 
     python scripts/perf_decode.py --dtype bfloat16 --batch 32 --context 256 --threads 2
     python scripts/perf_decode.py --profile 5      # also print torch.profiler's top ops over 5 steps
 
-"bare" is the roofline of issue 10: the same model's forward with the metadata built once outside the
-timing, no sampling and no batch bookkeeping. Prefill is done for real (one forward per request).
+"bare" is the paged forward alone (metadata built once outside the timing, no sampling, no batch
+bookkeeping); "roofline" is issue 10's bare forward: the same weights and math with contiguous
+per-sequence K/V (no paging at all). Prefill is done for real (one forward per request).
 Not a test: numbers depend on the machine and its load (printed next to the figures).
 """
 
@@ -16,17 +17,22 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from tgictl.kernels import build_attention_metadata  # noqa: E402
+from tgictl.kernels.attention_fast import _decode_output, _decode_scores  # noqa: E402
 from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams  # noqa: E402
 from tgictl.runtime.shard.batch import ShardBatch  # noqa: E402
 from tgictl.runtime.shard.dist import DistContext  # noqa: E402
+from tgictl.runtime.shard.layers.rotary import apply_rotary  # noqa: E402
 from tgictl.runtime.shard.model_runner import ModelRunner  # noqa: E402
+from tgictl.runtime.shard.models.base import CausalLM  # noqa: E402
 from tgictl.runtime.shard.models.registry import load_model  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache/tgictl/models/HuggingFaceTB--SmolLM2-135M-Instruct"
@@ -53,6 +59,33 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
             )
         )
     return tuple(out)
+
+
+def contiguous_step(model: CausalLM, ids: Tensor, position: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+    """The roofline of issue 10: the same weights and math with each sequence's K/V contiguous in
+    [batch, T, kv_heads, head_dim] per layer (no paging, no gather, no metadata, no sampling).
+
+    ids: [batch] int64; keys, values: per layer [batch, position + 1, kv_heads, head_dim], contiguous.
+    The new token's K/V overwrite the last position in place. Returns logits [batch, vocab].
+    """
+    batch = ids.shape[0]
+    with torch.inference_mode():
+        hidden = model.embed(ids)  # [batch, hidden]
+        cos, sin = model.rotary(torch.full((batch,), position), None, hidden.dtype)
+        for layer, k_ctx, v_ctx in zip(model.layers, keys, values):
+            attn = layer.attention
+            h, kvh, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+            qkv = attn.qkv(layer.input_norm(hidden))
+            qk = apply_rotary(qkv[:, : (h + kvh) * d].view(batch, h + kvh, d), cos, sin)
+            k_ctx[:, position] = qk[:, h:]
+            v_ctx[:, position] = qkv[:, (h + kvh) * d :].view(batch, kvh, d)
+            # the decode kernel's own matmuls, minus its gather from the paged cache
+            scores = _decode_scores(qk[:, :h].reshape(batch, kvh, h // kvh, d), k_ctx)  # [batch, h, T]
+            probs = torch.softmax(scores.float() * attn.scale, dim=-1).to(hidden.dtype)
+            out = _decode_output(probs, v_ctx, h // kvh).reshape(batch, h * d)
+            hidden = hidden + attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_norm(hidden))
+        return model.lm_head(model.norm(hidden))
 
 
 def main() -> None:
@@ -91,15 +124,6 @@ def main() -> None:
     prefill_tps = args.batch * args.context / (time.perf_counter() - prefill_start)
     batch = ShardBatch.concatenate(parts)
 
-    def timed_step() -> tuple[float, float]:
-        start = time.perf_counter()
-        _, _, timings = runner.generate_token(batch)
-        return time.perf_counter() - start, timings.forward_ns / 1e9
-
-    for _ in range(2):
-        timed_step()
-    full = [timed_step() for _ in range(args.steps)]
-
     # bare forward: metadata built once, outside the timing; same cache and context length
     ctx = batch.rows[0].cache_len
     tables = [row.request.blocks for row in batch.rows]
@@ -108,13 +132,30 @@ def main() -> None:
     meta = build_attention_metadata([ctx] * args.batch, [1] * args.batch, [list(t) for t in tables], BLOCK, "cpu")
     positions = torch.full((args.batch,), ctx, dtype=torch.int64)
     rows = torch.arange(args.batch)
-    bare = []
+    # contiguous K/V copies of the same context (the values do not change the cost)
+    shape = (args.batch, ctx + 1, model.config.num_kv_heads, model.config.head_dim)
+    keys = [torch.randn(shape).to(dtype) for _ in range(model.config.num_layers)]
+    values = [torch.randn(shape).to(dtype) for _ in range(model.config.num_layers)]
+
+    def timed(fn: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    # The three alternate step by step, so load from other processes falls on all of them alike.
+    full: list[tuple[float, float]] = []
+    bare: list[float] = []
+    roofline: list[float] = []
     for i in range(args.steps + 2):
         start = time.perf_counter()
-        model(ids, positions, slots, runner.kv_cache, meta, rows)
-        if i >= 2:
-            bare.append(time.perf_counter() - start)
-    t0 = time.perf_counter()
+        _, _, timings = runner.generate_token(batch)
+        step = (time.perf_counter() - start, timings.forward_ns / 1e9)
+        bare_s = timed(lambda: model(ids, positions, slots, runner.kv_cache, meta, rows))
+        roof_s = timed(lambda: contiguous_step(model, ids, ctx, keys, values))
+        if i >= 2:  # the first two warm up
+            full.append(step)
+            bare.append(bare_s)
+            roofline.append(roof_s)
     meta_times = []
     for _ in range(20):
         t0 = time.perf_counter()
@@ -124,13 +165,15 @@ def main() -> None:
     step_s = statistics.median(s for s, _ in full)
     fwd_s = statistics.median(f for _, f in full)
     bare_s = statistics.median(bare)
+    roof_s = statistics.median(roofline)
     load = os.getloadavg()[0]
     print(
         f"{args.dtype} batch {args.batch} ctx {args.context} threads {torch.get_num_threads()} load {load:.2f}: "
         f"step {step_s * 1e3:.1f} ms ({args.batch / step_s:.0f} tok/s), runner forward+sample "
         f"{fwd_s * 1e3:.1f} ms, bare forward {bare_s * 1e3:.1f} ms ({args.batch / bare_s:.0f} tok/s), "
         f"metadata build {statistics.median(meta_times) * 1e3:.2f} ms, step/bare {step_s / bare_s:.2f}; "
-        f"prefill {prefill_tps:.0f} tok/s ({args.context}-token prompts, one per forward)",
+        f"prefill {prefill_tps:.0f} tok/s ({args.context}-token prompts, one per forward); contiguous-KV "
+        f"roofline {roof_s * 1e3:.1f} ms ({args.batch / roof_s:.0f} tok/s): step reaches {roof_s / step_s:.0%}",
         flush=True,
     )
     if args.profile:
