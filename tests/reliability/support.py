@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,14 +56,6 @@ def wait_idle(url: str, timeout_s: float = 15.0) -> KvState:
         if time.monotonic() > deadline:
             raise AssertionError(f"not idle after {timeout_s} s: {state} ({state.leaked} blocks leaked)")
         time.sleep(0.1)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout_s} s")
-        time.sleep(0.05)
 
 
 def assert_error_json(status: int, body: bytes, context: Any = "") -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -84,7 +84,7 @@ FLOAT = st.one_of(st.floats(min_value=0.05, max_value=2.0), NUMBERS)
 SEED = st.one_of(st.integers(min_value=0, max_value=2**64 - 1), NUMBERS)
 TOP_K = st.one_of(st.integers(min_value=1, max_value=600), NUMBERS)
 STOPS = st.lists(TEXT, max_size=6)
-Field = Any  # wild or tame
+Field = Callable[[st.SearchStrategy[Any]], st.SearchStrategy[Any]]  # wild or tame
 
 
 def tgi_body(v: Field) -> st.SearchStrategy[Any]:
@@ -146,7 +146,7 @@ def completion_body(v: Field) -> st.SearchStrategy[Any]:
     )
 
 
-def body_of(build: Any) -> st.SearchStrategy[Any]:
+def body_of(build: Callable[[Field], st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
     """Half the bodies have the route's shape with plausible types everywhere (they reach validation
     and, often, generation); the other half put anything anywhere."""
     return st.one_of(build(tame), build(wild))

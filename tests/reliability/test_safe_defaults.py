@@ -42,8 +42,8 @@ GENERATING_POSTS = {
     "/": {"inputs": CANARY_PROMPT, "parameters": {**GREEDY, "max_new_tokens": 24}},
     "/tokenize": {"inputs": CANARY_PROMPT},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": CANARY_PROMPT}], "max_tokens": 24,
-                             "temperature": 0},
-    "/v1/completions": {"prompt": CANARY_PROMPT, "max_tokens": 24, "temperature": 0},
+                             "temperature": 0, "ignore_eos": True},
+    "/v1/completions": {"prompt": CANARY_PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True},
 }
 REVEALING_GETS = ("/info", "/v1/models")
 OPEN_GETS = ("/health", "/metrics")
