@@ -1,7 +1,7 @@
 """Rotary position embeddings: default, linear, dynamic (NTK), llama3, yarn and longrope.
 
 Inverse frequencies follow transformers' modeling_rope_utils.py operation for operation, in float32,
-so cos/sin match its values bit for bit for the fixed types. The layout is the "rotate half" one HF
+so cos/sin match its values to float32 rounding (the tests hold them within 1e-6). The layout is the "rotate half" one HF
 checkpoints use: dims [0, D/2) pair with [D/2, D).
 
 Dynamic NTK and longrope depend on the sequence length. transformers uses the batch's longest
