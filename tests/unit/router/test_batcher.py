@@ -199,3 +199,37 @@ def test_many_concurrent_requests_leave_nothing_behind(texts: TokenTexts) -> Non
     asyncio.run(serve(batcher, clients, stagger=lambda i: 0.0005 * (i % 3)))
     assert len(queue) == 0 and batcher.in_flight == 0
     assert_no_leak(allocator)
+
+
+def test_an_unexpected_client_exception_fails_only_that_step(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts)
+    broken = {"armed": True}
+    original = shard.prefill
+
+    async def prefill(batch, cached):  # type: ignore[no-untyped-def]
+        if broken["armed"] and any(r.input_ids == (9, 9, 9) for r in batch.requests):
+            broken["armed"] = False
+            raise ValueError("Value out of range: 4294967296")  # what protobuf raises for a bad field
+        return await original(batch, cached)
+
+    shard.prefill = prefill  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[Client, Client]:
+        running = Client(request(max_new_tokens=30))
+        task = asyncio.create_task(batcher.run())
+        batcher.enqueue(running.entry)
+        await asyncio.sleep(0.01)
+        bad = Client(request(prompt=(9, 9, 9), max_new_tokens=3))
+        batcher.enqueue(bad.entry)
+        await asyncio.wait_for(asyncio.gather(running.done.wait(), bad.done.wait()), timeout=10)
+        task.cancel()
+        return running, bad
+
+    running, bad = asyncio.run(scenario())
+    assert isinstance(bad.events[-1], ErrorEvent)
+    assert "ValueError" in str(bad.events[-1].error)
+    # (with chunking the new batch shares its step with the running one, which fails with it)
+    later = Client(request(max_new_tokens=2))
+    asyncio.run(serve(batcher, [later]))
+    assert isinstance(later.events[-1], EndEvent)
+    assert_no_leak(allocator)

@@ -163,8 +163,8 @@ class Batcher:
         affected = list(nb.entries) + (list(cached.request_ids) if cached is not None else [])
         try:
             result = await self._timed("prefill", self._client.prefill(nb.batch, cached))
-        except TgictlError as err:
-            await self._fail([nb.batch.id] + ([cached.id] if cached else []), affected, err)
+        except Exception as err:  # noqa: BLE001 - any failure of one step fails only that step's requests
+            await self._fail([nb.batch.id] + ([cached.id] if cached else []), affected, _as_error(err))
             return None
         return await self._apply(result)
 
@@ -172,8 +172,8 @@ class Batcher:
         affected = [rid for b in batches for rid in b.request_ids]
         try:
             result = await self._timed("decode", self._client.decode(batches))
-        except TgictlError as err:
-            await self._fail([b.id for b in batches], affected, err)
+        except Exception as err:  # noqa: BLE001 - see _prefill
+            await self._fail([b.id for b in batches], affected, _as_error(err))
             return []
         cached = await self._apply(result)
         return [cached] if cached is not None else []
@@ -216,8 +216,8 @@ class Batcher:
                 await self._client.clear_cache(cached.id)
                 return None
             return await self._client.filter_batch(cached.id, kept)
-        except TgictlError as err:
-            await self._fail([cached.id], kept, err)
+        except Exception as err:  # noqa: BLE001 - see _prefill
+            await self._fail([cached.id], kept, _as_error(err))
             return None
 
     def _finish(self, state: RequestState) -> None:
@@ -246,3 +246,9 @@ class Batcher:
                 await self._client.clear_cache(batch_id)
             except TgictlError as clear_err:
                 log.error("clear_cache(%s) failed after a batch error: %s", batch_id, clear_err)
+
+
+def _as_error(err: Exception) -> TgictlError:
+    """A step's failure as the error its clients get: typed errors as they are, anything else (a
+    message that would not convert, a transport surprise) as a generation error naming it."""
+    return err if isinstance(err, TgictlError) else GenerationError(f"Server error: {type(err).__name__}: {err}")
