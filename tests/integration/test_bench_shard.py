@@ -29,7 +29,7 @@ def shard_socket(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     log = (work / "shard.log").open("wb")
     shard = subprocess.Popen(
         [sys.executable, "-m", "tgictl", "shard", "--model-id", str(tiny_model_dir), "--uds-path", str(uds),
-         "--kv-cache-memory", "1MiB"],
+         "--kv-cache-memory", "1MiB", "--dtype", "float32"],  # the block arithmetic below is float32's
         stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=REPO_ROOT,
     )
     socket_path = Path(f"{uds}-0")
