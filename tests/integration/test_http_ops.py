@@ -169,7 +169,8 @@ def test_long_generation_continues_seamlessly(http: httpx.Client) -> None:
     """Past the 1024-token round cap the request is rescheduled with its tokens appended; the client
     sees one answer whose totals cover both rounds."""
     body = {"inputs": "once upon a time", "parameters": {"max_new_tokens": 1030, "ignore_eos": True, "details": True}}
-    response = http.post("/generate", json=body)
+    # 1030 decode steps: generous time, since a CPU shared with other work slows every step
+    response = http.post("/generate", json=body, timeout=600)
     details = response.json()["details"]
     assert details["generated_tokens"] == 1030 and len(details["tokens"]) == 1030
     assert details["finish_reason"] == "length"
