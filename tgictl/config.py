@@ -110,7 +110,7 @@ class ShardConfig:
     model_id: str
     uds_path: Path
     revision: str | None = None
-    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    dtype: str | None = None  # None: bfloat16 on CUDA and on CPUs with native bf16 math, else float32
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | None = None  # bytes; None: the runtime's default budget
     rank: int = 0
