@@ -130,7 +130,7 @@ def test_sigterm_during_a_stream_ends_it_cleanly_and_exits_0(single_shard: Singl
     assert events, single_shard.launch.log()
     last = events[-1]
     # Either the stream finished within the graceful timeout or it ended with an error event.
-    finished = last.get("generated_text") is not None and last.get("details", {}) is not None
+    finished = last.get("generated_text") is not None  # TGI's last event carries the whole text
     ended_with_error = "error" in last
     assert finished or ended_with_error, last
     assert all("error" not in event for event in events[:-1])
