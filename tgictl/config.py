@@ -103,6 +103,18 @@ def default_uds_path(uid: int) -> Path:
     return Path("/tmp") / f"tgictl-{uid}" / "server"
 
 
+def _check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None) -> None:
+    """The settings a shard takes, checked the same way wherever they are given (shard or launch)."""
+    if not model_id.strip():
+        raise ConfigError("model_id must not be empty")
+    if dtype is not None and dtype not in SHARD_DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(SHARD_DTYPES)}, got {dtype!r}")
+    if block_size < 1:
+        raise ConfigError(f"block_size must be >= 1, got {block_size}")
+    if kv_cache_memory is not None and kv_cache_memory < 1:
+        raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {kv_cache_memory}")
+
+
 @dataclass(frozen=True)
 class ShardConfig:
     """One rank of `tgictl shard`. The rank listens on `unix://{uds_path}-{rank}`."""
@@ -120,14 +132,7 @@ class ShardConfig:
     shutdown_grace_s: float = 30.0  # SIGTERM: how long the RPC in flight may still run
 
     def __post_init__(self) -> None:
-        if not self.model_id.strip():
-            raise ConfigError("model_id must not be empty")
-        if self.dtype is not None and self.dtype not in SHARD_DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(SHARD_DTYPES)}, got {self.dtype!r}")
-        if self.block_size < 1:
-            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
+        _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"RANK must be in 0 .. WORLD_SIZE - 1, got RANK={self.rank}, WORLD_SIZE={self.world_size}"
@@ -262,16 +267,9 @@ class LaunchConfig:
     progress_interval_s: float = 5.0  # how often "waiting for shards" is logged
 
     def __post_init__(self) -> None:
-        if not self.model_id.strip():
-            raise ConfigError("model_id must not be empty")
+        _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
         if self.num_shard < 1:
             raise ConfigError(f"num_shard must be >= 1, got {self.num_shard}")
-        if self.dtype is not None and self.dtype not in SHARD_DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(SHARD_DTYPES)}, got {self.dtype!r}")
-        if self.block_size < 1:
-            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise ConfigError(f"master_port must be in 1 .. 65535, got {self.master_port}")
         if not self.master_addr.strip():
