@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from tgictl.errors import ConfigError
-from tgictl.runtime.hardware import GIB, Hardware, lookup_card_flops
+from tgictl.runtime.hardware import GIB, Hardware, default_serving_dtype, lookup_card_flops
 
 DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_CUDA_GRAPHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # TGI's --cuda-graphs default
@@ -46,7 +46,6 @@ class ModelShape:
     experts_per_token: int  # 1 for dense models
     shared_experts: int
     attention_bias: bool  # q/k/v projections carry biases (qwen2)
-    config_dtype: str | None
     is_vlm: bool
 
 
@@ -77,7 +76,6 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     num_experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=1)
     moe = num_experts > 1
     inter_keys = ("moe_intermediate_size", "intermediate_size") if moe else ("intermediate_size",)
-    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
     return ModelShape(
         model_type=str(config.get("model_type", "")),
         hidden_size=hidden,
@@ -93,7 +91,6 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         experts_per_token=_int(text, "num_experts_per_tok", default=1) if moe else 1,
         shared_experts=_int(text, "n_shared_experts", default=0),
         attention_bias=bool(text.get("attention_bias", False)) or config.get("model_type") == "qwen2",
-        config_dtype=str(dtype) if dtype is not None else None,
         is_vlm=is_vlm,
     )
 
@@ -231,16 +228,12 @@ def activation_bytes_per_token(shape: ModelShape, num_shard: int, dtype_bytes: i
 Sourced = tuple[int, str]
 
 
-def _dtype(shape: ModelShape, settings: BudgetSettings, on_gpu: bool) -> tuple[str, str]:
+def _dtype(settings: BudgetSettings, hardware: Hardware) -> tuple[str, str]:
+    # The shard's own default (it does not follow config.json's dtype), so the sizes match what it loads.
     if settings.dtype is not None:
         return settings.dtype, "--dtype"
-    if shape.config_dtype in ("float16", "bfloat16"):
-        return shape.config_dtype, "config.json torch_dtype"
-    if on_gpu:  # TGI serves float32 checkpoints in float16 on CUDA
-        return "float16", f"config.json dtype {shape.config_dtype or 'unset'}: float16 on CUDA"
-    if shape.config_dtype == "float32":
-        return "float32", "config.json torch_dtype"
-    return "float32", "config.json dtype unset: float32 on CPU"
+    dtype, why = default_serving_dtype(bool(hardware.gpus), hardware.cpu.native_bf16)
+    return dtype, f"shard default: {why}"
 
 
 def _device_flops(hardware: Hardware, num_shard: int, dtype: str) -> tuple[float | None, str]:
@@ -365,7 +358,7 @@ def compute_budgets(
     on_gpu = bool(hardware.gpus)
     if on_gpu and n > len(hardware.gpus):
         raise ConfigError(f"num_shard={n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
-    dtype, dtype_source = _dtype(shape, settings, on_gpu)
+    dtype, dtype_source = _dtype(settings, hardware)
     dtype_bytes = DTYPE_BYTES[dtype]
     weights = parameters_per_shard(shape, n) * dtype_bytes
     flops = model_flops_per_token(shape)

@@ -117,7 +117,7 @@ def test_table_for_two_described_gpus(model_dir: Path) -> None:
     row = next(line for line in lines if "GTX 1080" in line)
     assert "unknown" in row and "not in the FLOPs table" in row
     row = next(line for line in lines if "kv_bytes_per_block_per_shard" in line)
-    assert "4,096 (4.0 KiB)" in row  # float16 on CUDA: 16 · 2 · 2 · 2 · 16 · 2
+    assert "4,096 (4.0 KiB)" in row  # bfloat16 on CUDA: 16 · 2 · 2 · 2 · 16 · 2
     row = next(line for line in lines if "cuda_graphs" in line)
     assert "1, 2, 4, 8, 16, 32" in row
 

@@ -37,12 +37,12 @@ SMOLLM2: dict[str, Any] = {
 }
 
 
-def cpu_hardware(f32: float = 1e11, bf16: float = 2e11) -> Hardware:
+def cpu_hardware(f32: float = 1e11, bf16: float = 2e11, native_bf16: bool = False) -> Hardware:
     """A CPU host: 4 cores, 8 GiB available, fixed matmul rates."""
     return Hardware(
         gpus=(),
         gpu_note="NVML unavailable: test host",
-        cpu=CpuHost(cores=4, total_memory_bytes=16 * GIB, available_memory_bytes=8 * GIB),
+        cpu=CpuHost(cores=4, total_memory_bytes=16 * GIB, available_memory_bytes=8 * GIB, native_bf16=native_bf16),
         cpu_matmul=(
             MatmulMeasurement("float32", f32, 512, 10, 0.1),
             MatmulMeasurement("bfloat16", bf16, 512, 10, 0.1),
@@ -113,7 +113,7 @@ def test_tiny_on_cpu() -> None:
         "kv_bytes_per_token_per_shard": 512,  # 2 · 2 layers · 2 kv heads · 16 · 4 bytes
         "kv_bytes_per_block_per_shard": 8192,  # 16 · 512
         "activation_bytes_per_token_per_shard": 2048,  # (2·64 + 3·128) · 4
-        "device_flops": 1e11,  # the float32 measurement (the model is float32)
+        "device_flops": 1e11,  # the float32 measurement (no native bf16 on this host)
         # 1e11 / 163840 = 610351 → clamped to max_position_embeddings 256 (RAM would allow
         # (8 GiB · 0.95 − 558336) / (512 + 2048) = 3187452)
         "max_batch_prefill_tokens": 256,
@@ -131,7 +131,9 @@ def test_tiny_on_cpu() -> None:
 
 
 def test_smollm2_on_cpu() -> None:
-    budgets = compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(), tokenizer_max_length=None)
+    hardware = cpu_hardware(native_bf16=True)
+    budgets = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(), tokenizer_max_length=None)
+    assert budgets.dtype.source == "shard default: bfloat16 on a CPU with native bf16 math (AVX512-BF16/AMX)"
     got = values(budgets)
     assert got["weight_bytes_per_shard"] == 269030016  # 134515008 · 2 (bfloat16)
     assert got["kv_bytes_per_token_per_shard"] == 23040  # 2 · 30 · 3 · 64 · 2
@@ -147,14 +149,14 @@ def test_smollm2_on_cpu() -> None:
 
 
 def test_slow_cpu_falls_back_to_tgi_default_prefill() -> None:
-    budgets = compute_budgets(model_shape(SMOLLM2), cpu_hardware(bf16=2e10), BudgetSettings())
+    budgets = compute_budgets(model_shape(SMOLLM2), cpu_hardware(bf16=2e10, native_bf16=True), BudgetSettings())
     # 2e10 / 232243200 = 86.1 ≤ 100: TGI ignores the FLOPs rule and uses 4096
     assert budgets.max_batch_prefill_tokens.value == 4096
     assert budgets.max_batch_prefill_tokens.source == "FLOPs rule gave 86 <= 100: TGI default 4096"
 
 
 def test_three_cpu_shards_share_the_host_budget() -> None:
-    budgets = compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(num_shard=3))
+    budgets = compute_budgets(model_shape(SMOLLM2), cpu_hardware(native_bf16=True), BudgetSettings(num_shard=3))
     got = values(budgets)
     # 9 heads / 3 = 3 q heads, 3 kv heads / 3 = 1 per shard; per layer q 576·192 = 110592,
     # k = v = 576·64 = 36864, o 110592, MLP 3·576·512 = 884736, norms 1152 → 1180800 · 30 = 35424000;
@@ -270,9 +272,15 @@ def test_gpu_kv_budget_uses_the_tightest_device_and_fraction() -> None:
     assert two.kv_cache_memory_bytes_per_shard.value == 9769490790
 
 
-def test_gpu_serves_float32_checkpoints_in_float16() -> None:
+def test_sizes_follow_the_shards_default_dtype_not_config_json() -> None:
+    # SmolLM2's config says bfloat16; a CPU without native bf16 math serves (and is sized) in float32
+    budgets = compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings())
+    assert (budgets.dtype.value, budgets.dtype.source) == (
+        "float32", "shard default: float32 on a CPU without native bf16 math")
+    assert budgets.kv_bytes_per_token_per_shard.value == 46080  # 2 · 30 · 3 · 64 · 4
+    # TINY's config says float32; CUDA serves it in bfloat16
     budgets = compute_budgets(model_shape(TINY), gpu_hardware("NVIDIA L4", 1, 24 * GIB), BudgetSettings())
-    assert (budgets.dtype.value, budgets.dtype.source) == ("float16", "config.json dtype float32: float16 on CUDA")
+    assert (budgets.dtype.value, budgets.dtype.source) == ("bfloat16", "shard default: bfloat16 on CUDA")
     assert budgets.weight_bytes_per_shard.value == 279168  # 139584 · 2
 
 

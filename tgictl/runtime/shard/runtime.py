@@ -17,6 +17,7 @@ import torch
 from tgictl.errors import ConfigError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
 from tgictl.proto.messages import Batch, Generation, Info, Timings, WarmupRequest, WarmupResult
+from tgictl.runtime.hardware import cpu_has_native_bf16, default_serving_dtype
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
@@ -40,32 +41,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-# /proc/cpuinfo flags of native bf16 dot products (AVX512-BF16, AMX). Without them oneDNN emulates
-# bf16 matmuls, which are then no faster than float32.
-_NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-
-
-def _cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:  # not Linux: no way to tell cheaply, so the always-exact choice
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return not _NATIVE_BF16_FLAGS.isdisjoint(line.split(":", 1)[-1].split())
-    return False
-
-
 def default_dtype(device: torch.device) -> str:
-    """The shard's dtype when none is given: bfloat16 on CUDA, and on CPUs with native bf16 math.
-
-    Measured on SmolLM2-135M, 2 cores with AVX512-BF16 (scripts/perf_decode.py): a bf16 decode step at
-    batch 32 and 256 cached tokens runs about 3x faster than float32, and prefill about 1.5x. Float32
-    stays available (`--dtype float32`) and is what the parity tests against transformers use.
-    """
-    if device.type == "cuda" or (device.type == "cpu" and _cpu_has_native_bf16()):
-        return "bfloat16"
-    return "float32"
+    """The shard's dtype when none is given (one rule, shared with `tgictl profile`)."""
+    return default_serving_dtype(device.type == "cuda", device.type == "cpu" and cpu_has_native_bf16())[0]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
