@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,8 @@ class ApiSettings:
     api: str
     model: str  # the `model` field of OpenAI bodies (TGI-compatible servers ignore it)
     ignore_eos: bool
+    # more body fields for servers with their own spelling (e.g. OpenAI's logit_bias to ban EOS)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -87,6 +90,7 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 def request_body(settings: ApiSettings, prompt: BenchPrompt) -> dict[str, Any]:
     """Greedy on every API (TGI's default; temperature 0 for OpenAI), so runs are comparable."""
     extra: dict[str, Any] = {"ignore_eos": True} if settings.ignore_eos else {}
+    extra.update(settings.extra_body)
     if settings.api == "tgi":
         parameters = {"max_new_tokens": prompt.max_new_tokens, "details": True, **extra}
         return {"inputs": prompt.text, "parameters": parameters}
@@ -143,12 +147,14 @@ class _Reader:
     def _openai(self, payload: dict[str, Any]) -> bool:
         for choice in payload.get("choices") or []:
             delta = choice.get("delta")
-            if isinstance(delta, dict) and "role" in delta and not delta.get("content") \
-                    and choice.get("finish_reason") is None:
+            finish = choice.get("finish_reason")
+            if isinstance(delta, dict) and "role" in delta and not delta.get("content") and finish is None:
                 continue  # OpenAI and vLLM open a chat stream with a role-only chunk: no token yet
+            if finish is not None:
+                self.record.finish_reason = finish
+                if isinstance(delta, dict) and delta.get("content") is None:
+                    continue  # OpenAI's closing chunk: an empty delta with the finish reason, no token
             self._token()
-            if choice.get("finish_reason") is not None:
-                self.record.finish_reason = choice["finish_reason"]
         usage = payload.get("usage")
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
@@ -192,7 +198,9 @@ async def send(client: httpx.AsyncClient, settings: ApiSettings, prompt: BenchPr
         record.error = f"{type(err).__name__}: {err}"
         return record
     record.e2e_s = time.perf_counter() - sent
-    if record.error is None and not finished:
+    if record.error is None and not finished and record.finish_reason is None:
+        # OpenAI streams end with `data: [DONE]`; some servers (transformers serve) just close the
+        # stream after the chunk with the finish reason, which is complete too
         record.error = "the stream ended before its last event"
     if record.output_tokens_source == "stream":
         record.output_tokens = record.stream_events

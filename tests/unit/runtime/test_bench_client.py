@@ -72,6 +72,11 @@ async def _chat(request: Request) -> Response:
     """OpenAI's own shape: a role-only chunk first, then one chunk per token, then usage."""
     role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
     token = {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+    if (await request.json())["messages"][0]["content"] == "no-done":
+        # transformers serve: the finish reason on an empty delta with the usage, then the stream closes
+        closing = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                   "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
+        return _sse([role, token, token, closing])
     end = {"choices": [{"index": 0, "delta": {"content": "y"}, "finish_reason": "stop"}]}
     usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}
     return _sse([role, token, token, end, usage, "[DONE]"])
@@ -112,6 +117,18 @@ def test_chat_role_chunk_is_not_a_token() -> None:
     record = _send("openai-chat", "ok")
     assert record.ok and record.stream_events == 3 and len(record.token_times) == 3
     assert (record.output_tokens, record.prompt_tokens, record.finish_reason) == (3, 9, "stop")
+
+
+def test_chat_stream_closed_after_its_finish_reason_is_complete() -> None:
+    record = _send("openai-chat", "no-done")
+    assert record.ok and record.stream_events == 2 and record.finish_reason == "length"
+    assert (record.output_tokens, record.output_tokens_source) == (2, "server")
+
+
+def test_extra_body_fields() -> None:
+    settings = ApiSettings("openai-chat", "m", ignore_eos=False, extra_body={"logit_bias": {"2": -100.0}})
+    body = request_body(settings, PROMPT)
+    assert body["logit_bias"] == {"2": -100.0} and "ignore_eos" not in body
 
 
 def test_failures_are_recorded() -> None:

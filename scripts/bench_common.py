@@ -1,0 +1,122 @@
+"""What the comparison scripts share: a server started for the run and always stopped, and one timed
+load of streamed requests through tgictl bench's own client.
+
+A server is started in its own process group and stopped (SIGTERM, then SIGKILL) when the block
+ends, also when the script itself gets SIGTERM or SIGHUP (turned into SystemExit so the cleanup runs);
+only SIGKILL of the script can leave one behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing tgictl
+
+from tgictl.runtime.bench_client import ApiSettings, RequestRecord, send  # noqa: E402
+from tgictl.runtime.bench_load import LoadPlan, run_load  # noqa: E402
+from tgictl.runtime.bench_workloads import BenchPrompt  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def repo_env(threads: int | None = None) -> dict[str, str]:
+    """The environment for a `python -m tgictl` child: the checkout importable, threads pinned if asked."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
+    if threads is not None:  # torch and OpenMP read it at start-up
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)  # the whole group: a launcher's shards too
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def managed_server(name: str, command: Sequence[str], health_url: str, env: dict[str, str] | None = None,
+                   ready_timeout_s: float = 600.0, grace_s: float = 60.0) -> Iterator[None]:
+    """Run `command` until the block ends; yields once GET `health_url` answers 200.
+
+    Its output goes to a temporary log, kept (and named) when it fails to start, deleted otherwise.
+    """
+    previous = {s: signal.signal(s, _exit_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                               start_new_session=True)
+    ok = False
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"{name} exited with {process.returncode} before it was ready; see {log.name}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name} not ready after {ready_timeout_s:.0f} s; see {log.name}")
+            try:
+                if httpx.get(health_url, timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield
+        ok = True
+    finally:
+        _stop(process, grace_s)
+        log.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if ok:
+            Path(log.name).unlink()
+        else:
+            print(f"{name}'s log: {log.name}", file=sys.stderr)
+
+
+async def _load(url: str, settings: ApiSettings, prompts: Sequence[BenchPrompt],
+                concurrency: int) -> tuple[list[RequestRecord], float]:
+    timeout = httpx.Timeout(1200.0, connect=10.0)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+        start = time.perf_counter()
+        return await run_load(LoadPlan(concurrency=concurrency, num_requests=len(prompts)),
+                              lambda i: send(client, settings, prompts[i], i, start), lambda r: None)
+
+
+def timed_load(url: str, settings: ApiSettings, prompts: Sequence[BenchPrompt],
+               concurrency: int) -> tuple[list[RequestRecord], float]:
+    """Every prompt streamed with `concurrency` clients: (records, seconds from first send to last answer).
+    A failed request ends the script: a comparison with missing answers would flatter the server."""
+    records, duration = asyncio.run(_load(url, settings, prompts, concurrency))
+    for record in records:
+        if not record.ok:
+            raise SystemExit(f"request {record.index} to {url} failed: {record.error}")
+    return records, duration
