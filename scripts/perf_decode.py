@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--profile", type=int, default=0, help="also profile this many steps (torch.profiler)")
+    parser.add_argument("--compare-native", action="store_true",
+                        help="also time the bare forward with the compiled decode kernel off, alternating")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -176,6 +178,20 @@ def main() -> None:
         f"roofline {roof_s * 1e3:.1f} ms ({args.batch / roof_s:.0f} tok/s): step reaches {roof_s / step_s:.0%}",
         flush=True,
     )
+    if args.compare_native:
+        import tgictl.kernels.attention_fast as attention_fast
+
+        loader = attention_fast.load_native_kernels
+        with_native: list[float] = []
+        torch_only: list[float] = []
+        for _ in range(args.steps):
+            with_native.append(timed(lambda: model(ids, positions, slots, runner.kv_cache, meta, rows)))
+            attention_fast.load_native_kernels = lambda: None  # type: ignore[assignment]
+            torch_only.append(timed(lambda: model(ids, positions, slots, runner.kv_cache, meta, rows)))
+            attention_fast.load_native_kernels = loader
+        native_s, torch_s = statistics.median(with_native), statistics.median(torch_only)
+        print(f"bare forward, decode attention compiled ({'on' if loader() else 'unavailable'}): "
+              f"{native_s * 1e3:.1f} ms; torch ops: {torch_s * 1e3:.1f} ms ({torch_s / native_s:.2f}x)", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

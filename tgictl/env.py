@@ -149,6 +149,10 @@ class Env:
     cuda_visible_devices: tuple[int, ...] | None = None
     # Test-only fault injection for the shard (None unless TGICTL_FAULT_INJECT is set).
     fault_injection: FaultInjection | None = None
+    # The shard's compiled CPU kernels (tgictl/kernels/native.py): TGICTL_NATIVE_KERNELS=0 turns them
+    # off (pure torch); CC names the C compiler that builds them (default: cc).
+    native_kernels: bool = True
+    c_compiler: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -176,6 +180,8 @@ class Env:
             master_port=master_port,
             cuda_visible_devices=_visible_devices(env, "CUDA_VISIBLE_DEVICES"),
             fault_injection=_fault_injection(env),
+            native_kernels=_bool(env, "TGICTL_NATIVE_KERNELS") if _text(env, "TGICTL_NATIVE_KERNELS") else True,
+            c_compiler=_text(env, "CC"),
         )
 
     @property

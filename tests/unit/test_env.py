@@ -19,6 +19,7 @@ def test_defaults_from_an_empty_environment() -> None:
     assert env.rank is None
     assert env.hub_cache_dir == Path("/home/u/.cache/huggingface/hub")
     assert env.cache_dir == Path("/home/u/.cache/tgictl")
+    assert env.native_kernels is True and env.c_compiler is None
 
 
 def test_values_are_typed() -> None:
@@ -65,6 +66,7 @@ def test_hf_hub_cache_wins_over_hf_home() -> None:
         ("HF_HUB_ETAG_TIMEOUT", "-1", "HF_HUB_ETAG_TIMEOUT must be > 0"),
         ("CUDA_VISIBLE_DEVICES", "0,a", "CUDA_VISIBLE_DEVICES must be a comma-separated list of GPU indices"),
         ("CUDA_VISIBLE_DEVICES", "0,,1", "got '0,,1'"),
+        ("TGICTL_NATIVE_KERNELS", "sometimes", "TGICTL_NATIVE_KERNELS must be a boolean"),
     ],
 )
 def test_malformed_values_fail_loudly(name: str, value: str, message: str) -> None:
@@ -107,3 +109,9 @@ def test_the_api_key_is_read_but_never_printed() -> None:
     assert env.api_key == "s3cret"
     assert "s3cret" not in repr(env)
     assert Env.from_environ({"HOME": "/h", "TGICTL_API_KEY": ""}).api_key is None
+
+
+def test_native_kernels_switch_and_compiler() -> None:
+    env = Env.from_environ({"HOME": "/h", "TGICTL_NATIVE_KERNELS": "0", "CC": "clang"})
+    assert env.native_kernels is False and env.c_compiler == "clang"
+    assert Env.from_environ({"HOME": "/h", "TGICTL_NATIVE_KERNELS": "on"}).native_kernels is True

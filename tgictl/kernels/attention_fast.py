@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tgictl.kernels.metadata import DecodePlan, PrefillPlan
+from tgictl.kernels.native import load_native_kernels
 
 
 def _flat(cache: Tensor) -> Tensor:
@@ -76,6 +77,27 @@ def decode_attention(
 
     query: [n, heads, head_dim], row i belonging to the plan's i-th decode sequence.
     Returns [n, heads, head_dim] in query's dtype.
+
+    On CPU the compiled kernel (kernels/native.py) reads the paged cache in place, in float32
+    arithmetic, when it is available; otherwise, or for dtypes it does not take, the torch ops.
+    """
+    if query.device.type == "cpu" and (native := load_native_kernels()) is not None:
+        out = native.paged_decode(query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
+                                  plan.max_context_len, scale, softcap)
+        if out is not None:
+            return out
+    return decode_attention_torch(query, key_cache, value_cache, plan, scale, softcap)
+
+
+def decode_attention_torch(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    plan: DecodePlan,
+    scale: float,
+    softcap: float | None = None,
+) -> Tensor:
+    """`decode_attention` in torch ops alone (any device and dtype): gather, then batched matmuls.
 
     The products run in the query's dtype (bf16 matmuls are about twice float32's speed on CPUs with
     AVX512-bf16, and torch's CPU SDPA is slow in bf16); only the scores' scaling, mask and softmax are

@@ -1,0 +1,106 @@
+"""The compiled decode-attention kernel: built on this machine, equal to the torch ops and the reference
+on decode batches (NaN-filled caches prove it never reads padding), cached builds, clean fallbacks."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tgictl.kernels import attention_reference
+from tgictl.kernels.attention_fast import decode_attention, decode_attention_torch
+from tgictl.kernels.native import _build, load_native_kernels
+
+from conftest import CaseSpec, build_case
+
+BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
+DECODE_SPECS = [
+    CaseSpec(((5, 1), (0, 1), (17, 1)), block_size=4, heads=4, kv_heads=2, head_dim=8),
+    CaseSpec(((255, 1),) * 4 + ((3, 1),), block_size=16, heads=9, kv_heads=3, head_dim=64),  # SmolLM2's layout
+    CaseSpec(((30, 1), (1, 1)), block_size=1, heads=8, kv_heads=1, head_dim=32),  # MQA, one-token blocks
+    CaseSpec(((12, 1), (40, 1)), block_size=8, heads=6, kv_heads=6, head_dim=16),  # MHA
+]
+
+
+def test_the_kernel_builds_here() -> None:
+    # The development and CI machines have gcc: the native path must be the one that runs there.
+    assert load_native_kernels() is not None
+
+
+@pytest.mark.parametrize("spec", DECODE_SPECS, ids=CaseSpec.label)
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_native_decode_matches_torch_and_reference(spec: CaseSpec, softcap: float | None) -> None:
+    kernels = load_native_kernels()
+    assert kernels is not None
+    for dtype, tol in ((torch.float32, {"atol": 1e-5, "rtol": 1e-5}), (torch.bfloat16, BF16_TOL)):
+        case = build_case(spec, dtype)
+        plan = case.meta.decode
+        assert plan is not None
+        args = (case.key_cache, case.value_cache, plan.slots, plan.context_lens, plan.max_context_len,
+                case.scale, softcap)
+        native = kernels.paged_decode(case.query, *args)
+        assert native is not None and native.dtype == dtype and native.shape == case.query.shape
+        assert torch.isfinite(native).all()  # padding and unwritten (NaN) slots never read
+        torch_ops = decode_attention_torch(case.query, case.key_cache, case.value_cache, plan, case.scale, softcap)
+        reference = attention_reference(case.query, case.key_cache, case.value_cache, case.meta, case.scale, softcap)
+        torch.testing.assert_close(native.float(), reference.float(), **tol)
+        torch.testing.assert_close(native.float(), torch_ops.float(), **tol)
+        # the dispatching entry point takes the native path on CPU
+        dispatched = decode_attention(case.query, case.key_cache, case.value_cache, plan, case.scale, softcap)
+        assert torch.equal(dispatched, native)
+
+
+def test_bf16_output_is_the_rounded_float32_result() -> None:
+    kernels = load_native_kernels()
+    assert kernels is not None
+    case32 = build_case(DECODE_SPECS[1], torch.float32)
+    case16 = build_case(DECODE_SPECS[1], torch.bfloat16)
+    plan = case16.meta.decode
+    assert plan is not None
+    out16 = kernels.paged_decode(case16.query, case16.key_cache, case16.value_cache, plan.slots, plan.context_lens,
+                                 plan.max_context_len, case16.scale, None)
+    # the same bf16 inputs computed in float32 by the float32 kernel, then rounded once
+    out32 = kernels.paged_decode(case16.query.float(), case16.key_cache.float(), case16.value_cache.float(),
+                                 plan.slots, plan.context_lens, plan.max_context_len, case16.scale, None)
+    assert out16 is not None and out32 is not None and case32.query.shape == out16.shape
+    torch.testing.assert_close(out16, out32.to(torch.bfloat16), atol=0, rtol=0)
+
+
+def test_other_inputs_are_left_to_torch() -> None:
+    kernels = load_native_kernels()
+    assert kernels is not None
+    case = build_case(DECODE_SPECS[0], torch.float16)
+    plan = case.meta.decode
+    assert plan is not None
+    args = (plan.slots, plan.context_lens, plan.max_context_len, case.scale, None)
+    assert kernels.paged_decode(case.query, case.key_cache, case.value_cache, *args) is None  # float16
+    q = build_case(DECODE_SPECS[0]).query
+    strided = torch.cat([q, q], dim=-1)[..., : q.shape[-1]]
+    assert kernels.paged_decode(strided, case.key_cache.float(), case.value_cache.float(), *args) is None
+    # the dispatcher still answers (torch ops) for float16
+    out = decode_attention(case.query, case.key_cache, case.value_cache, plan, case.scale)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+
+
+def test_builds_are_cached_per_source_compiler_and_cpu(tmp_path: Path) -> None:
+    first = _build("cc", tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert _build("cc", tmp_path) == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_unavailable_compiler_or_switch_falls_back(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("TGICTL_NATIVE_KERNELS", "0")
+    assert load_native_kernels.__wrapped__() is None
+    monkeypatch.delenv("TGICTL_NATIVE_KERNELS")
+    monkeypatch.setenv("CC", "tgictl-no-such-compiler")
+    with caplog.at_level(logging.WARNING):
+        assert load_native_kernels.__wrapped__() is None
+    assert "no C compiler (tgictl-no-such-compiler) found" in caplog.text
+    monkeypatch.setenv("CC", "false")  # exists, fails
+    with caplog.at_level(logging.WARNING):
+        assert load_native_kernels.__wrapped__() is None
+    assert "native CPU kernels unavailable" in caplog.text

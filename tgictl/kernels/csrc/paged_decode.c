@@ -1,0 +1,150 @@
+/* Decode attention straight from the paged KV cache, on the CPU.
+ *
+ * One query token per sequence. For every (sequence, KV head) pair the kernel walks the sequence's
+ * own slots (no copy of its context: the torch path gathers every sequence's K and V into a padded
+ * tensor in every layer, then multiplies), scores the KV head's group of query heads against each
+ * key in float32, takes the softmax in float32 and accumulates the values in float32. Padding is never
+ * read: each sequence stops at its own context length.
+ *
+ * Layouts (all contiguous, row-major):
+ *   query, out: [n, heads, d]; head h*group + g uses KV head h (GQA, as transformers repeats KV heads)
+ *   key_cache, value_cache: [num_slots, kv_heads, d] (the paged cache viewed by slot)
+ *   slots: [n, max_len] int64 slot of each context position; context_lens: [n] int64
+ * Element types: float32, or bfloat16 held as uint16 (converted exactly to float32; the output is
+ * rounded to nearest even). Parallel over (sequence, KV head) with OpenMP, `threads` wide.
+ *
+ * Built at run time by tgictl/kernels/native.py (cc -O3 -march=native -fopenmp); loaded with ctypes.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_float(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (f != f) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays a (quiet) NaN */
+    bits += 0x7FFFu + ((bits >> 16) & 1u);              /* round to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+/* e^x for x <= 0 (softmax after subtracting the row maximum), within ~2 ulp of expf. Written out
+ * so the loop over a row vectorises: libm's expf is a scalar call per element. */
+static inline float exp_nonpositive(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    if (x < -87.0f) x = -87.0f; /* e^-87 ~ 1.6e-38: still a normal float; below that underflows */
+    float n = floorf(x * log2e + 0.5f);
+    float r = x - n * ln2_hi - n * ln2_lo; /* |r| <= ln2 / 2 */
+    float p = 1.0f / 5040.0f;              /* Taylor series of e^r to r^7 */
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
+
+/* One (sequence, KV head) pair. q: [group, d] float32 scaled query rows; scores: [group, len] and
+ * acc: [group, d] float32 scratch; row: [d] float32 scratch. `load_row` converts one cached row. */
+#define DEFINE_PAIR(NAME, T, LOAD, D)                                                                    \
+    static void NAME(const float *q, const T *key_cache, const T *value_cache, const int64_t *slots,   \
+                     int64_t len, int64_t kv_heads, int64_t h, int64_t group, int64_t d_runtime,        \
+                     float softcap, float *scores, float *acc, float *row, float *out_rows) {           \
+        const int64_t d = (D);                                                                          \
+        (void)d_runtime;                                                                                \
+        for (int64_t t = 0; t < len; t++) {                                                             \
+            const T *k = key_cache + (slots[t] * kv_heads + h) * d;                                     \
+            _Pragma("omp simd") for (int64_t j = 0; j < d; j++) row[j] = LOAD(k[j]);                    \
+            for (int64_t g = 0; g < group; g++) {                                                       \
+                const float *qg = q + g * d;                                                            \
+                float dot = 0.0f;                                                                       \
+                _Pragma("omp simd reduction(+ : dot)") for (int64_t j = 0; j < d; j++) dot += qg[j] * row[j]; \
+                if (softcap > 0.0f) dot = tanhf(dot / softcap) * softcap;                               \
+                scores[g * len + t] = dot;                                                              \
+            }                                                                                           \
+        }                                                                                               \
+        for (int64_t g = 0; g < group; g++) {                                                           \
+            float *s = scores + g * len;                                                                \
+            float max = s[0];                                                                           \
+            for (int64_t t = 1; t < len; t++) max = s[t] > max ? s[t] : max;                            \
+            float sum = 0.0f;                                                                           \
+            _Pragma("omp simd reduction(+ : sum)") for (int64_t t = 0; t < len; t++) {                  \
+                s[t] = exp_nonpositive(s[t] - max);                                                     \
+                sum += s[t];                                                                            \
+            }                                                                                           \
+            float inv = 1.0f / sum;                                                                     \
+            _Pragma("omp simd") for (int64_t t = 0; t < len; t++) s[t] *= inv;                          \
+        }                                                                                               \
+        memset(acc, 0, (size_t)(group * d) * sizeof(float));                                           \
+        for (int64_t t = 0; t < len; t++) {                                                             \
+            const T *v = value_cache + (slots[t] * kv_heads + h) * d;                                   \
+            _Pragma("omp simd") for (int64_t j = 0; j < d; j++) row[j] = LOAD(v[j]);                    \
+            for (int64_t g = 0; g < group; g++) {                                                       \
+                const float p = scores[g * len + t];                                                    \
+                float *a = acc + g * d;                                                                 \
+                _Pragma("omp simd") for (int64_t j = 0; j < d; j++) a[j] += p * row[j];                 \
+            }                                                                                           \
+        }                                                                                               \
+        memcpy(out_rows, acc, (size_t)(group * d) * sizeof(float));                                     \
+    }
+
+/* Head sizes 64 and 128 (nearly every model) get their own copies with the size as a constant: the
+ * per-key loops then unroll into a few vector instructions instead of a loop with a remainder each. */
+static inline float load_f32(float x) { return x; }
+DEFINE_PAIR(pair_f32_64, float, load_f32, 64)
+DEFINE_PAIR(pair_f32_128, float, load_f32, 128)
+DEFINE_PAIR(pair_f32_any, float, load_f32, d_runtime)
+DEFINE_PAIR(pair_bf16_64, uint16_t, bf16_to_float, 64)
+DEFINE_PAIR(pair_bf16_128, uint16_t, bf16_to_float, 128)
+DEFINE_PAIR(pair_bf16_any, uint16_t, bf16_to_float, d_runtime)
+
+typedef void (*pair_f32_fn)(const float *, const float *, const float *, const int64_t *, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, float, float *, float *, float *, float *);
+typedef void (*pair_bf16_fn)(const float *, const uint16_t *, const uint16_t *, const int64_t *, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, float, float *, float *, float *, float *);
+
+/* Returns 0, or -1 when scratch memory could not be allocated (the caller falls back to torch). */
+#define DEFINE_ENTRY(NAME, T, LOAD, STORE, FN, PAIR64, PAIR128, PAIR_ANY)                               \
+    int NAME(const T *query, const T *key_cache, const T *value_cache, const int64_t *slots,             \
+             const int64_t *context_lens, int64_t n, int64_t max_len, int64_t heads, int64_t kv_heads,  \
+             int64_t d, float scale, float softcap, T *out, int threads) {                               \
+        const int64_t group = heads / kv_heads;                                                          \
+        const FN pair = d == 64 ? PAIR64 : d == 128 ? PAIR128 : PAIR_ANY;                                \
+        int failed = 0;                                                                                  \
+        _Pragma("omp parallel num_threads(threads) reduction(| : failed)") {                             \
+            /* per-thread scratch: scores [group, max_len], acc/q/out [group, d], row [d] */             \
+            float *scratch = malloc((size_t)(group * max_len + 3 * group * d + d) * sizeof(float));      \
+            failed |= scratch == NULL; /* every thread still meets the `omp for` below */                \
+            float *scores = scratch, *acc = scores + group * max_len, *q = acc + group * d;              \
+            float *res = q + group * d, *row = res + group * d;                                          \
+            _Pragma("omp for schedule(dynamic, 1)") for (int64_t task = 0; task < n * kv_heads; task++) { \
+                if (scratch == NULL) continue;                                                           \
+                const int64_t i = task / kv_heads, h = task % kv_heads;                                  \
+                const T *qi = query + (i * heads + h * group) * d;                                       \
+                for (int64_t x = 0; x < group * d; x++) q[x] = LOAD(qi[x]) * scale;                      \
+                pair(q, key_cache, value_cache, slots + i * max_len, context_lens[i], kv_heads, h,       \
+                     group, d, softcap, scores, acc, row, res);                                          \
+                T *o = out + (i * heads + h * group) * d;                                                \
+                for (int64_t x = 0; x < group * d; x++) o[x] = STORE(res[x]);                            \
+            }                                                                                            \
+            free(scratch);                                                                               \
+        }                                                                                                \
+        return failed ? -1 : 0;                                                                          \
+    }
+
+static inline float store_f32(float x) { return x; }
+DEFINE_ENTRY(tgictl_paged_decode_f32, float, load_f32, store_f32, pair_f32_fn, pair_f32_64, pair_f32_128, pair_f32_any)
+DEFINE_ENTRY(tgictl_paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16, pair_bf16_fn, pair_bf16_64,
+             pair_bf16_128, pair_bf16_any)

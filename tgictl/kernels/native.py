@@ -1,0 +1,142 @@
+"""Compiled CPU kernels: C sources shipped in the package, built once per machine, loaded with ctypes.
+
+Why C: decode attention through torch ops copies every sequence's K/V out of the paged cache in
+every layer and runs batched matmuls of a few rows each (far below the matmul kernels' speed); the C
+kernel (csrc/paged_decode.c) reads the cache in place. Why not a torch C++ extension: building one
+needs torch's headers and ninja and takes about a minute; this builds in about a second with the C
+compiler alone and needs nothing from the network.
+
+The library is compiled with -march=native into tgictl's cache directory under a name that hashes
+the source, the compiler's version and this CPU's flags, written under a temporary name and renamed,
+so concurrent shards and a home directory shared by different machines are safe. When there is no
+compiler, the build fails, or TGICTL_NATIVE_KERNELS=0, `load_native_kernels` returns None (with one
+warning saying why) and callers keep the pure-torch path.
+
+OpenMP: the library links libgomp.so.1, the runtime torch's CPU wheels load under that same name, so
+the process keeps one OpenMP thread pool; the caller passes torch's thread count explicitly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from tgictl.env import read_env
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+# Reassociation lets the dot products and sums vectorise (the kernel has no order-sensitive sums
+# beyond float rounding); no -ffast-math: infinities and NaN keep their meaning.
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+          "-fno-trapping-math", "-shared", "-fPIC", "-std=c11")
+_BUILD_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class NativeKernels:
+    """The loaded library's entry points (ctypes functions)."""
+
+    path: Path
+    decode_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    decode_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+
+    def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
+                     context_lens: Tensor, max_len: int, scale: float, softcap: float | None) -> Tensor | None:
+        """Decode attention for query [n, heads, d] over the paged caches [blocks, block_size, kv_heads, d].
+
+        slots: [n * max_len] int64 flat slots per sequence (row-major); context_lens: [n] int64.
+        Returns [n, heads, d] in query's dtype, or None when this call cannot run natively (another
+        dtype or device, a non-contiguous input, scratch memory refused): the caller uses torch.
+        """
+        dtype = query.dtype
+        if dtype not in (torch.float32, torch.bfloat16) or query.device.type != "cpu":
+            return None
+        if key_cache.dtype != dtype or value_cache.dtype != dtype:
+            return None
+        tensors = (query, key_cache, value_cache, slots, context_lens)
+        if not all(t.is_contiguous() for t in tensors) or slots.dtype != torch.int64 \
+                or context_lens.dtype != torch.int64:
+            return None
+        n, heads, d = query.shape
+        kv_heads = key_cache.shape[2]
+        out = torch.empty_like(query)
+        fn = self.decode_f32 if dtype == torch.float32 else self.decode_bf16
+        status = fn(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slots.data_ptr(),
+                    context_lens.data_ptr(), n, max_len, heads, kv_heads, d, scale,
+                    0.0 if softcap is None else softcap, out.data_ptr(), torch.get_num_threads())
+        return out if status == 0 else None
+
+
+def _compiler_identity(compiler: str) -> str:
+    result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=True)
+    return result.stdout.splitlines()[0] if result.stdout else compiler
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _build(compiler: str, cache_dir: Path) -> Path:
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, _compiler_identity(compiler).encode(), _cpu_flags().encode(),
+                                     " ".join(_FLAGS).encode()])).hexdigest()[:16]
+    target = cache_dir / f"paged_decode-{key}.so"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        partial = Path(tmp) / target.name
+        result = subprocess.run([compiler, *_FLAGS, "-o", str(partial), str(_SOURCE)], capture_output=True,
+                                text=True, timeout=_BUILD_TIMEOUT_S)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
+        os.replace(partial, target)  # atomic: another process sees no file or the whole one
+    return target
+
+
+def _bind(path: Path) -> NativeKernels:
+    library = ctypes.CDLL(str(path))
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    functions = []
+    for name in ("tgictl_paged_decode_f32", "tgictl_paged_decode_bf16"):
+        fn = getattr(library, name)
+        fn.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        functions.append(fn)
+    return NativeKernels(path, *functions)
+
+
+@functools.cache
+def load_native_kernels() -> NativeKernels | None:
+    """The compiled kernels, built on first use; None (after one warning) when unavailable."""
+    env = read_env()
+    if not env.native_kernels:
+        return None
+    compiler = env.c_compiler or "cc"
+    if shutil.which(compiler) is None:
+        log.warning("no C compiler (%s) found: decode attention runs on the pure-torch path, which is "
+                    "slower on CPU; install gcc or set CC to enable the native kernel", compiler)
+        return None
+    try:
+        return _bind(_build(compiler, env.cache_dir / "kernels"))
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
+        log.warning("native CPU kernels unavailable (%s): decode attention runs on the pure-torch path", err)
+        return None
