@@ -36,7 +36,7 @@ from tgictl.env import read_env
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+_SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("paged_decode.c", "small_linear.c"))
 # Reassociation lets the dot products and sums vectorise (the kernel has no order-sensitive sums
 # beyond float rounding); no -ffast-math: infinities and NaN keep their meaning.
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
@@ -51,6 +51,26 @@ class NativeKernels:
     path: Path
     decode_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     decode_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    linear_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+
+    def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
+
+        None when this call cannot run natively (another dtype or device, non-contiguous weight).
+        """
+        if weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu" \
+                or not weight.is_contiguous() or x.dim() != 2:
+            return None
+        m, k = x.shape
+        n = weight.shape[0]
+        x32 = x.float().contiguous()  # [m, k]: a few rows, converted once
+        b32 = None if bias is None else bias.float().contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        fn = self.linear_f32 if weight.dtype == torch.float32 else self.linear_bf16
+        fn(x32.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(), y.data_ptr(), m, n, k,
+           torch.get_num_threads())
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                      context_lens: Tensor, max_len: int, scale: float, softcap: float | None) -> Tensor | None:
@@ -95,16 +115,16 @@ def _cpu_flags() -> str:
 
 
 def _build(compiler: str, cache_dir: Path) -> Path:
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, _compiler_identity(compiler).encode(), _cpu_flags().encode(),
+    sources = [path.read_bytes() for path in _SOURCES]
+    key = hashlib.sha256(b"\0".join([*sources, _compiler_identity(compiler).encode(), _cpu_flags().encode(),
                                      " ".join(_FLAGS).encode()])).hexdigest()[:16]
-    target = cache_dir / f"paged_decode-{key}.so"
+    target = cache_dir / f"tgictl-kernels-{key}.so"
     if target.exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         partial = Path(tmp) / target.name
-        result = subprocess.run([compiler, *_FLAGS, "-o", str(partial), str(_SOURCE)], capture_output=True,
+        result = subprocess.run([compiler, *_FLAGS, "-o", str(partial), *map(str, _SOURCES)], capture_output=True,
                                 text=True, timeout=_BUILD_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
@@ -120,6 +140,11 @@ def _bind(path: Path) -> NativeKernels:
         fn = getattr(library, name)
         fn.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, ctypes.c_int]
         fn.restype = ctypes.c_int
+        functions.append(fn)
+    for name in ("tgictl_small_linear_f32", "tgictl_small_linear_bf16"):
+        fn = getattr(library, name)
+        fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
+        fn.restype = None
         functions.append(fn)
     return NativeKernels(path, *functions)
 

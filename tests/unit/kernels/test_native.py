@@ -104,3 +104,37 @@ def test_unavailable_compiler_or_switch_falls_back(monkeypatch: pytest.MonkeyPat
     with caplog.at_level(logging.WARNING):
         assert load_native_kernels.__wrapped__() is None
     assert "native CPU kernels unavailable" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_small_linear_matches_torch(dtype: torch.dtype, rows: int) -> None:
+    kernels = load_native_kernels()
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 70, generator=generator).to(dtype)  # odd sizes: no vector-width multiple
+    bias = torch.randn(300, generator=generator).to(dtype)
+    x = torch.randn(rows, 70, generator=generator).to(dtype)
+    for b in (None, bias):
+        out = kernels.small_linear(x, weight, b)
+        assert out is not None and out.dtype == dtype and out.shape == (rows, 300)
+        # the same products summed in float32 (torch's bf16 matmul also accumulates in float32)
+        expected = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
+        tol = {"atol": 1e-4, "rtol": 1e-5} if dtype == torch.float32 else BF16_TOL
+        torch.testing.assert_close(out.float(), expected, **tol)
+
+
+def test_linear_dispatch_uses_native_for_few_rows_only() -> None:
+    from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS, linear
+
+    kernels = load_native_kernels()
+    assert kernels is not None
+    limit = SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    few = torch.randn(limit, 32).to(torch.bfloat16)
+    many = torch.randn(limit + 1, 32).to(torch.bfloat16)
+    assert torch.equal(linear(few, weight), kernels.small_linear(few, weight, None))
+    assert torch.equal(linear(many, weight), torch.nn.functional.linear(many, weight))
+    assert kernels.small_linear(few, weight.t(), None) is None  # a transposed view: torch takes it
+    half = few.half()
+    assert torch.equal(linear(half, weight.half()), torch.nn.functional.linear(half, weight.half()))

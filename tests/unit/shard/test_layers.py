@@ -54,7 +54,8 @@ def test_gated_mlp_matches_transformers(tmp_path: Path) -> None:
     assert ours.gate_up.weight.shape == (80, 16)  # gate and up fused into one matmul
     x = _randn(6, 16, seed=3)
     with torch.no_grad():
-        torch.testing.assert_close(ours(x), hf(x), rtol=0, atol=1e-6)
+        # float32 summation order differs (the native few-row kernel vs oneDNN): rounding only
+        torch.testing.assert_close(ours(x), hf(x), rtol=1e-6, atol=1e-6)
 
 
 def test_column_parallel_concatenates_row_ranges_and_biases(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tgictl.kernels.linear import linear
 from tgictl.runtime.shard.dist import DistContext, all_gather, all_reduce
 from tgictl.runtime.shard.weights import Weights
 
@@ -57,7 +58,7 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         """hidden: [n, hidden] -> logits [n, vocab_size] float32, identical on every rank."""
-        logits = F.linear(hidden, self.weight)  # [n, rows_per_rank]
+        logits = linear(hidden, self.weight)  # [n, rows_per_rank]
         if self.dist.is_sharded:
             missing = self.block - logits.shape[1]
             if missing:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tgictl.kernels.linear import linear
 from tgictl.runtime.shard.dist import DistContext, all_reduce
 from tgictl.runtime.shard.weights import Weights, split_range
 
@@ -50,7 +50,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [tokens, in] -> [tokens, out_per_rank]."""
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -74,6 +74,6 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: [tokens, in_per_rank] -> [tokens, out], summed over ranks."""
         if not self.dist.is_sharded:
-            return F.linear(x, self.weight, self.bias)
-        out = all_reduce(F.linear(x, self.weight), self.dist)
+            return linear(x, self.weight, self.bias)
+        out = all_reduce(linear(x, self.weight), self.dist)
         return out if self.bias is None else out + self.bias
