@@ -209,3 +209,16 @@ def inherited_environ() -> dict[str, str]:
     tgictl never interprets (PATH, CUDA_VISIBLE_DEVICES, ...), and the caller edits the copy, never
     os.environ."""
     return dict(os.environ)
+
+
+# oneDNN (torch's CPU matmuls) keeps up to 1024 compiled kernels, one per matmul shape; a server
+# sees ever new shapes (every prefill length, every batch size), so its RSS grew by ~190 MiB under
+# 90 s of 16-client load. 32 kept the same throughput (scripts/soak.py, scripts/bench_vs_servers.py).
+ONEDNN_CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+SHARD_ONEDNN_CACHE_CAPACITY = 32
+
+
+def apply_shard_library_defaults() -> None:
+    """Set the shard's defaults for the libraries it loads (a user's own setting wins). Call before
+    the first matmul: oneDNN reads its variable when it creates its cache."""
+    os.environ.setdefault(ONEDNN_CACHE_VAR, str(SHARD_ONEDNN_CACHE_CAPACITY))

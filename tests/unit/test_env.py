@@ -115,3 +115,14 @@ def test_native_kernels_switch_and_compiler() -> None:
     env = Env.from_environ({"HOME": "/h", "TGICTL_NATIVE_KERNELS": "0", "CC": "clang"})
     assert env.native_kernels is False and env.c_compiler == "clang"
     assert Env.from_environ({"HOME": "/h", "TGICTL_NATIVE_KERNELS": "on"}).native_kernels is True
+
+
+def test_shard_library_defaults_leave_a_users_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tgictl.env import ONEDNN_CACHE_VAR, SHARD_ONEDNN_CACHE_CAPACITY, apply_shard_library_defaults
+
+    monkeypatch.delenv(ONEDNN_CACHE_VAR, raising=False)
+    apply_shard_library_defaults()
+    assert os.environ[ONEDNN_CACHE_VAR] == str(SHARD_ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv(ONEDNN_CACHE_VAR, "500")
+    apply_shard_library_defaults()
+    assert os.environ[ONEDNN_CACHE_VAR] == "500"

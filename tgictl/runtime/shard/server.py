@@ -24,7 +24,7 @@ import grpc.aio
 import torch
 
 from tgictl.config import HubConfig, ShardConfig
-from tgictl.env import read_env
+from tgictl.env import apply_shard_library_defaults, read_env
 from tgictl.errors import ConfigError, DeviceError
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
 from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
@@ -59,6 +59,7 @@ def _resolve_model(config: ShardConfig, hub: HubConfig | None) -> Path:
 
 def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     """Serve one rank until SIGTERM/SIGINT. Raises DeviceError after an unrecoverable RPC error."""
+    apply_shard_library_defaults()
     socket_path = config.socket_path(config.rank)
     prepare_socket_dir(socket_path.parent)
     check_socket_path(socket_path)
