@@ -16,6 +16,7 @@ import torch
 
 from tgictl.errors import ConfigError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
+from tgictl.kernels.native import load_native_kernels
 from tgictl.proto.messages import Batch, Generation, Info, Timings, WarmupRequest, WarmupResult
 from tgictl.runtime.hardware import cpu_has_native_bf16, default_serving_dtype
 from tgictl.runtime.shard.batch import ShardBatch
@@ -94,6 +95,8 @@ class ShardRuntime:
         torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
         model = load_model(Path(model_dir), dtype=torch_dtype, device=torch_device, dist=dist)
         release_free_memory(collect_garbage=True)  # the parts of the fused weights, freed at load
+        if torch_device.type == "cpu":
+            load_native_kernels()  # built (about a second, once per machine) now, not in the first request
         return cls(
             model, dtype=torch_dtype, device=torch_device, dist=dist, block_size=block_size, kv_settings=settings
         )
