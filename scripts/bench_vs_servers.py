@@ -112,7 +112,9 @@ def server_spec(name: str, args: argparse.Namespace, model_dir: Path, port: int)
         if not args.llama_python:
             raise SystemExit("llama-cpp-python needs --llama-python PATH (a python with llama_cpp[server])")
         return ServerSpec([args.llama_python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                           "--port", str(port), "--n_ctx", str(context), "--n_threads", str(args.threads)],
+                           "--port", str(port), "--n_ctx", str(context), "--n_threads", str(args.threads),
+                           # its default cancels the running stream when another request arrives
+                           "--interrupt_requests", "False"],
                           "/v1/models", str(gguf), ignore_eos=False)
     if name in ("transformers-cb", "transformers"):
         cli = shutil.which("transformers") or "transformers"
