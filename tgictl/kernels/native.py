@@ -115,7 +115,7 @@ def _cpu_flags() -> str:
 
 
 def _build(compiler: str, cache_dir: Path) -> Path:
-    sources = [path.read_bytes() for path in _SOURCES]
+    sources = [path.read_bytes() for path in (*_SOURCES, _SOURCES[0].with_name("bf16.h"))]
     key = hashlib.sha256(b"\0".join([*sources, _compiler_identity(compiler).encode(), _cpu_flags().encode(),
                                      " ".join(_FLAGS).encode()])).hexdigest()[:16]
     target = cache_dir / f"tgictl-kernels-{key}.so"

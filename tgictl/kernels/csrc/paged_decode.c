@@ -20,20 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_to_float(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if (f != f) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays a (quiet) NaN */
-    bits += 0x7FFFu + ((bits >> 16) & 1u);              /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
-}
+#include "bf16.h"
 
 /* e^x for x <= 0 (softmax after subtracting the row maximum), within ~2 ulp of expf. Written out
  * so the loop over a row vectorises: libm's expf is a scalar call per element. */
@@ -102,7 +89,6 @@ static inline float exp_nonpositive(float x) {
 
 /* Head sizes 64 and 128 (nearly every model) get their own copies with the size as a constant: the
  * per-key loops then unroll into a few vector instructions instead of a loop with a remainder each. */
-static inline float load_f32(float x) { return x; }
 DEFINE_PAIR(pair_f32_64, float, load_f32, 64)
 DEFINE_PAIR(pair_f32_128, float, load_f32, 128)
 DEFINE_PAIR(pair_f32_any, float, load_f32, d_runtime)

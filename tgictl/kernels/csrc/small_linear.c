@@ -16,14 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_to_float(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float load_f32(float x) { return x; }
+#include "bf16.h"
 
 /* Output features per OpenMP chunk: enough rows to amortise scheduling, few enough to balance. */
 #define ROWS_PER_CHUNK 64
