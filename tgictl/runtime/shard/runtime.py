@@ -164,7 +164,7 @@ class ShardRuntime:
         self._steps += 1
         if self._steps % TRIM_EVERY_STEPS == 0:
             # Batches of ever-changing shapes leave freed activations scattered over malloc's heap,
-            # which it keeps: measured +240 MiB of shard RSS over 90 s of 16-client load without this.
+            # which it keeps: shard RSS after 90 s of 16-client load 4,859 MiB with this, 4,935 without.
             release_free_memory()
         total = time.perf_counter_ns() - start
         return generations, next_batch, Timings(timings.forward_ns, timings.decode_ns, total, concat_ns)
