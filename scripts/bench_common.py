@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,12 +29,8 @@ if str(REPO_ROOT) not in sys.path:
 from tgictl.runtime.bench_client import ApiSettings, RequestRecord, send  # noqa: E402
 from tgictl.runtime.bench_load import LoadPlan, run_load  # noqa: E402
 from tgictl.runtime.bench_workloads import BenchPrompt  # noqa: E402
+from tgictl.runtime.launcher_plan import free_port  # noqa: E402, F401  (re-exported to the scripts)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def repo_env(threads: int | None = None) -> dict[str, str]:

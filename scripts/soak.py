@@ -23,7 +23,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,10 @@ from typing import Any
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing tgictl
+
+from tgictl.runtime.launcher_plan import free_port  # noqa: E402
+
 WORDS = ("amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo", "jasper", "kelp")
 ROUTES = ("/generate", "/generate_stream", "/v1/chat/completions", "/v1/completions", "/tokenize")
 
@@ -73,11 +76,6 @@ class Window:
 
 # --- the server ------------------------------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(model_dir: Path, work: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], str, Path]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,11 @@ from pathlib import Path
 
 import httpx
 
+from tgictl.runtime.launcher_plan import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -72,7 +68,8 @@ def _wait_healthy(stack: Stack) -> None:
         time.sleep(0.1)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s: test cleanup that never leaves a process behind."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -112,7 +109,7 @@ def http_stack(
         yield stack
     finally:
         for process in processes:  # router first: it drains before the shard goes away
-            _stop(process)
+            stop_process(process)
         shard_log.close()
         router_log.close()
         shutil.rmtree(uds.parent, ignore_errors=True)

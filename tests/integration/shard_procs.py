@@ -11,7 +11,6 @@ import asyncio
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from tgictl.proto.messages import (
     StepResult,
     StoppingParams,
 )
+from tgictl.runtime.launcher_plan import free_port
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.runtime import ShardRuntime
@@ -85,11 +85,6 @@ def plain(value: Any) -> Any:
         return (type(value).__name__,) + tuple(plain(getattr(value, f)) for f in value.__dataclass_fields__)
     return value
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

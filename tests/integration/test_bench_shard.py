@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from http_stack import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,12 +42,7 @@ def shard_socket(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
             time.sleep(0.1)
         yield socket_path
     finally:
-        shard.send_signal(signal.SIGTERM)
-        try:
-            shard.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            shard.kill()
-            shard.wait()
+        stop_process(shard)
         log.close()
 
 

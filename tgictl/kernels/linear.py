@@ -22,7 +22,7 @@ SMALL_LINEAR_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 2, torch.float3
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x: [rows, in] -> [rows, out] = x @ weight.T + bias, in x's dtype."""
-    if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= SMALL_LINEAR_MAX_ROWS.get(x.dtype, 0) \
+    if x.device.type == "cpu" and x.shape[0] <= SMALL_LINEAR_MAX_ROWS.get(x.dtype, 0) \
             and (native := load_native_kernels()) is not None:
         out = native.small_linear(x, weight, bias)
         if out is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ from torch import Tensor
 
 from tgictl.kernels import build_attention_metadata
 from tgictl.errors import ConfigError
+from tgictl.runtime.launcher_plan import free_port
 from tgictl.runtime.shard.dist import DistContext, all_gather, all_reduce, destroy_distributed, init_distributed
 from tgictl.runtime.shard.models.registry import load_model
 
@@ -74,18 +74,13 @@ def _worker(rank: int, jobs: list[tuple[str, torch.dtype]], port: int, out_dir: 
         destroy_distributed(dist)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def tp_results(make_tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     """{case: (rank 0 logits, rank 1 logits, TP=1 logits)}, each a list of per-step tensors."""
     out_dir = tmp_path_factory.mktemp("tp")
     jobs = [(str(make_tiny_model(**overrides)), dtype) for _, overrides, dtype in CASES]
-    context = mp.spawn(_worker, args=(jobs, _free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=False)
+    context = mp.spawn(_worker, args=(jobs, free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:

@@ -10,7 +10,24 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
+from collections.abc import Callable
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None elsewhere."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
 
 
 def release_free_memory(collect_garbage: bool = False) -> bool:
@@ -21,14 +38,8 @@ def release_free_memory(collect_garbage: bool = False) -> bool:
     """
     if collect_garbage:
         gc.collect()
-    name = ctypes.util.find_library("c")
-    if name is None:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return False
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
     trim(0)
     return True
