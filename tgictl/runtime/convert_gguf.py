@@ -62,9 +62,13 @@ def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force
     # debug: the callers say why they convert (hub.py logs its one line for the default model).
     log.debug("converting %s (%s) to %s in %s", gguf_path.name, architecture, output, dtype)
     with staging_dir(output, force=force) as staging:
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=getattr(torch, dtype)
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=getattr(torch, dtype)
+            )
+        except (ValueError, ImportError, OSError, KeyError) as err:
+            # transformers' loader names what it lacks (a tensor type, a package); the user gets that line.
+            raise ConversionError(f"{gguf_path.name}: transformers could not load it: {err}") from err
         # The weights are already dequantized into plain tensors; dropping the quantizer makes the
         # model an ordinary one that saves (and later loads) without any gguf machinery.
         model.hf_quantizer = None
