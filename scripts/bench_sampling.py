@@ -21,9 +21,13 @@ import torch
 from torch import Tensor
 
 from tgictl.proto.messages import SamplingParams
-from tgictl.runtime.shard.inverse_cdf import draw
-from tgictl.runtime.shard.sampling import NextTokenChooser, TokenHistory, needs_history
-from tgictl.runtime.shard.seeded_uniform import seed_key_table, seeded_uniform
+from tgictl.runtime.shard.sampling.inverse_cdf import draw
+from tgictl.runtime.shard.sampling.sampler import (
+    NextTokenChooser,
+    TokenHistory,
+    needs_history,
+)
+from tgictl.runtime.shard.sampling.seeded_uniform import seed_key_table, seeded_uniform
 
 BATCHES = (1, 32, 64)
 HISTORY_LEN = 512

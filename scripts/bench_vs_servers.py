@@ -30,17 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_common import free_port, managed_server, repo_env, timed_load
 from rich.console import Console
 from rich.table import Table
 
-from bench_common import free_port, managed_server, repo_env, timed_load
-
 from tgictl.config import DEFAULT_MODEL_ID
-from tgictl.runtime.bench import load_tokenizer
-from tgictl.runtime.bench_client import ApiSettings
-from tgictl.runtime.bench_stats import percentile
-from tgictl.runtime.bench_workloads import PromptMaker, random_workload
-from tgictl.runtime.hub import packaged_gguf_path, resolve_model
+from tgictl.runtime.bench.client import ApiSettings
+from tgictl.runtime.bench.load_test import load_tokenizer
+from tgictl.runtime.bench.stats import percentile
+from tgictl.runtime.bench.workloads import PromptMaker, random_workload
+from tgictl.runtime.model_files.resolve import packaged_gguf_path, resolve_model
 
 
 @dataclass(frozen=True)

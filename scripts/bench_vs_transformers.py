@@ -37,18 +37,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_common import free_port, managed_server, repo_env, timed_load
 from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM
 
-from bench_common import free_port, managed_server, repo_env, timed_load
-
 from tgictl.config import DEFAULT_MODEL_ID
 from tgictl.errors import ConfigError
-from tgictl.runtime.bench import load_tokenizer
-from tgictl.runtime.bench_client import ApiSettings
-from tgictl.runtime.bench_workloads import BenchPrompt, PromptMaker, parse_range, random_workload
-from tgictl.runtime.hub import resolve_model
+from tgictl.runtime.bench.client import ApiSettings
+from tgictl.runtime.bench.load_test import load_tokenizer
+from tgictl.runtime.bench.workloads import (
+    BenchPrompt,
+    PromptMaker,
+    parse_range,
+    random_workload,
+)
+from tgictl.runtime.model_files.resolve import resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULTS = {"uniform": (32, "128"), "mixed": (64, "16:256"), "ttft": (1, "1")}  # num-prompts, output-len

@@ -5,7 +5,7 @@ metadata, forward, sampling, bookkeeping) at one batch size and context, plus a 
     python scripts/perf_decode.py --profile 5      # also print torch.profiler's top ops over 5 steps
 
 "bare" is the paged forward alone (metadata built once outside the timing, no sampling, no batch
-bookkeeping); "roofline" is issue 10's bare forward: the same weights and math with contiguous
+bookkeeping); "roofline" is the bare forward: the same weights and math with contiguous
 per-sequence K/V (no paging at all). Prefill is done for real (one forward per request).
 Not a test: numbers depend on the machine and its load (printed next to the figures).
 """
@@ -31,9 +31,9 @@ from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams
 from tgictl.runtime.shard.batch import ShardBatch  # noqa: E402
 from tgictl.runtime.shard.dist import DistContext  # noqa: E402
 from tgictl.runtime.shard.layers.rotary import apply_rotary  # noqa: E402
-from tgictl.runtime.shard.model_runner import ModelRunner  # noqa: E402
 from tgictl.runtime.shard.models.base import CausalLM  # noqa: E402
 from tgictl.runtime.shard.models.registry import load_model  # noqa: E402
+from tgictl.runtime.shard.step import ModelRunner  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache/tgictl/models/HuggingFaceTB--SmolLM2-135M-Instruct"
 BLOCK = 16
@@ -62,7 +62,7 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
 
 
 def contiguous_step(model: CausalLM, ids: Tensor, position: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-    """The roofline of issue 10: the same weights and math with each sequence's K/V contiguous in
+    """The roofline: the same weights and math with each sequence's K/V contiguous in
     [batch, T, kv_heads, head_dim] per layer (no paging, no gather, no metadata, no sampling).
 
     ids: [batch] int64; keys, values: per layer [batch, position + 1, kv_heads, head_dim], contiguous.

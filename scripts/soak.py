@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Soak test (issue 9.8, not in CI): N minutes of mixed load with disconnects against a launched server.
+"""Soak test (not in CI): N minutes of mixed load with disconnects against a launched server.
 
     python scripts/soak.py --minutes 10                      # tiny random llama, launched here
     python scripts/soak.py --model-id DIR --minutes 30       # a real model, launched here
@@ -37,7 +37,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing tgictl
 
-from tgictl.runtime.launcher_plan import free_port  # noqa: E402
+from tgictl.runtime.launcher.plan import free_port  # noqa: E402
 
 WORDS = ("amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo", "jasper", "kelp")
 ROUTES = ("/generate", "/generate_stream", "/v1/chat/completions", "/v1/completions", "/tokenize")

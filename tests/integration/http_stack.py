@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tgictl.runtime.launcher_plan import free_port
+from tgictl.runtime.launcher.plan import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0

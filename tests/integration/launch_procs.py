@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from tgictl.runtime.launcher_plan import free_port
+from tgictl.runtime.launcher.plan import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0

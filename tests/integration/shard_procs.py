@@ -33,7 +33,6 @@ from tgictl.proto.messages import (
     StepResult,
     StoppingParams,
 )
-from tgictl.runtime.launcher_plan import free_port
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.runtime import ShardRuntime
@@ -227,7 +226,7 @@ class Blocks:
 
 
 def warmup_batch(prompt_len: int = 64) -> Batch:
-    """The probe batch the router sends (reference 1.4): no blocks, id 0, every processor on."""
+    """The probe batch the router sends (TGI's grpc_client.rs `warmup`): no blocks, id 0, every processor on."""
     request = Request(
         id=0,
         input_ids=tuple(3 + i % 200 for i in range(prompt_len)),

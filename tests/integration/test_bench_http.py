@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.integration.http_stack import REPO_ROOT, Stack, http_stack
-from tgictl.runtime.bench_server_metrics import parse_samples
+from tgictl.runtime.bench.server_metrics import parse_samples
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from http_stack import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

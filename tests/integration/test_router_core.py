@@ -1,4 +1,4 @@
-"""Router core against a real shard process (issue 5): the batcher, queue, radix allocator and
+"""Router core against a real shard process: the batcher, queue, radix allocator and
 ShardedClient scheduling real forwards, without the HTTP layer."""
 
 from __future__ import annotations
@@ -11,18 +11,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from shard_procs import BLOCK_SIZE, REPO_ROOT, ShardProc, start_shard, warmup_batch
 from tokenizers import Tokenizer
 
-from tgictl.proto.messages import Batch, CachedBatch, SamplingParams, StepResult, WarmupRequest
-from tgictl.runtime.router.batcher import Batcher, BatcherConfig
-from tgictl.runtime.router.client import ShardedClient
-from tgictl.runtime.router.infer import Infer, InferConfig
-from tgictl.runtime.router.queue import Queue
-from tgictl.runtime.router.radix import RadixAllocator
-from tgictl.runtime.router.request import EndEvent, StreamEvent, TokenEvent, ValidatedRequest
-from tgictl.runtime.router.request_state import TokenTexts
-
-from shard_procs import BLOCK_SIZE, REPO_ROOT, ShardProc, start_shard, warmup_batch
+from tgictl.proto.messages import (
+    Batch,
+    CachedBatch,
+    SamplingParams,
+    StepResult,
+    WarmupRequest,
+)
+from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
+from tgictl.runtime.router.request import (
+    EndEvent,
+    StreamEvent,
+    TokenEvent,
+    ValidatedRequest,
+)
+from tgictl.runtime.router.scheduling.batcher import Batcher, BatcherConfig
+from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.runtime.router.scheduling.entry import TokenTexts
+from tgictl.runtime.router.scheduling.event_channel import events
+from tgictl.runtime.router.shard_client import ShardedClient
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +72,6 @@ class Stack:
     client: RecordingClient
     allocator: RadixAllocator
     batcher: Batcher
-    infer: Infer
 
     def no_leak(self) -> None:
         self.allocator.check_integrity()
@@ -79,10 +88,10 @@ async def make_stack(socket_path: Path, tokenizer_dir: Path, prefill_tokens: int
     texts = TokenTexts(tokenizer, frozenset())
     client = RecordingClient(inner)
     batcher = Batcher(
-        client, Queue(allocator, block_size=BLOCK_SIZE, support_chunking=True), allocator, texts,
+        client, Queue(allocator, block_size=BLOCK_SIZE), allocator, texts,
         BatcherConfig(max_batch_prefill_tokens=prefill_tokens, max_batch_total_tokens=num_blocks * BLOCK_SIZE),
     )
-    return Stack(client, allocator, batcher, Infer(batcher, InferConfig(max_total_tokens=2048)))
+    return Stack(client, allocator, batcher)
 
 
 def greedy(prompt: tuple[int, ...], n: int) -> ValidatedRequest:
@@ -90,9 +99,9 @@ def greedy(prompt: tuple[int, ...], n: int) -> ValidatedRequest:
 
 
 async def tokens(stack: Stack, request: ValidatedRequest) -> list[int]:
-    events: list[StreamEvent] = [e async for e in stack.infer.stream(request)]
-    assert isinstance(events[-1], EndEvent), events[-1]
-    return [e.token.id for e in events if isinstance(e, (TokenEvent, EndEvent))]
+    got: list[StreamEvent] = [e async for e in events(stack.batcher.submit([request]))]
+    assert isinstance(got[-1], EndEvent), got[-1]
+    return [e.token.id for e in got if isinstance(e, (TokenEvent, EndEvent))]
 
 
 def run(shard: ShardProc, tiny_model_dir: Path, scenario, **kw: int):  # type: ignore[no-untyped-def]
@@ -158,7 +167,7 @@ def test_a_prompt_longer_than_the_prefill_budget_is_chunked(shard: ShardProc, ti
 
 def test_a_client_that_leaves_mid_generation_frees_its_blocks(shard: ShardProc, tiny_model_dir: Path) -> None:
     async def scenario(stack: Stack) -> int:
-        stream = stack.infer.stream(greedy(prompts(1)[0], 200))
+        stream = events(stack.batcher.submit([greedy(prompts(1)[0], 200)]))
         seen = 0
         async for _ in stream:
             seen += 1
@@ -176,7 +185,7 @@ def test_a_client_that_leaves_mid_generation_frees_its_blocks(shard: ShardProc, 
 
 def test_importing_the_router_never_imports_torch() -> None:
     code = (
-        "import sys, tgictl.runtime.router.service, tgictl.runtime.router.server, tgictl.commands.router\n"
+        "import sys, tgictl.runtime.router.service, tgictl.runtime.router.http.app, tgictl.commands.router\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=120)

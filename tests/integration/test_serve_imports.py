@@ -14,15 +14,14 @@ import importlib.metadata
 import re
 import signal
 import sys
-import tomllib
 from pathlib import Path
 
 import httpx
+import tomllib
 from packaging.requirements import Requirement
 
 from tests.import_recorder import REPO_ROOT, recorded_imports_env
 from tests.integration.launch_procs import start_launch
-
 
 # Imported only when installed, and fine without (checked in each library's source): the test extra
 # brings them here, a plain install does not.

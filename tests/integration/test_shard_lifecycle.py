@@ -67,7 +67,7 @@ def test_sigint_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_a_socket_directory_others_can_write_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The other unsafe directories are unit-tested (tests/unit/shard/test_uds.py)."""
+    """The other unsafe directories are unit-tested (tests/unit/runtime/shard/test_uds.py)."""
     directory = tmp_path / "shared"
     directory.mkdir()
     directory.chmod(0o777)

@@ -15,7 +15,16 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from shard_procs import Blocks, Oracle, ShardConn, ShardProc, health_ok, plain, start_shard, warmup_batch
+from shard_procs import (
+    Blocks,
+    Oracle,
+    ShardConn,
+    ShardProc,
+    health_ok,
+    plain,
+    start_shard,
+    warmup_batch,
+)
 
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
@@ -55,7 +64,7 @@ def shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         oracle = Oracle(tiny_model_dir)
         proc.wait_ready()
         conn = ShardConn(proc.socket_path)
-        # The router's start-up order (reference 1.3): clear, info, warmup.
+        # The router's start-up order (TGI's backends/v3/src/client/sharded_client.rs): clear, info, warmup.
         conn.call("ClearCache", pb.ClearCacheRequest())
         warmup = convert.warmup_response_from_pb(conn.call("Warmup", convert.warmup_request_to_pb(WARMUP)))
         assert oracle.runtime.warmup(WARMUP) == warmup

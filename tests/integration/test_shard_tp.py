@@ -17,12 +17,28 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from shard_procs import Blocks, Oracle, ShardConn, ShardProc, free_port, health_ok, start_shard, warmup_batch
+from shard_procs import (
+    Blocks,
+    Oracle,
+    ShardConn,
+    ShardProc,
+    health_ok,
+    start_shard,
+    warmup_batch,
+)
 
 from tgictl.proto import convert
+from tgictl.runtime.launcher.plan import free_port
 from tgictl.proto import generate_pb2 as pb
-from tgictl.proto.messages import Batch, PrefillRequest, SamplingParams, StepResult, WarmupRequest, WarmupResult
-from tgictl.runtime.router.client import ShardedClient
+from tgictl.proto.messages import (
+    Batch,
+    PrefillRequest,
+    SamplingParams,
+    StepResult,
+    WarmupRequest,
+    WarmupResult,
+)
+from tgictl.runtime.router.shard_client import ShardedClient
 
 WARMUP = WarmupRequest(batch=warmup_batch(64), max_prefill_tokens=64)
 

@@ -1,4 +1,4 @@
-"""Disconnect storm (issue 9.2): 64 clients at once, streaming and not, half of them going away at
+"""Disconnect storm: 64 clients at once, streaming and not, half of them going away at
 random points: while queued, before the first token, mid-stream, and while their long prompt is
 still being prefilled in chunks (--max-batch-prefill-tokens 32 against ~100-token prompts).
 
@@ -18,7 +18,13 @@ import httpx
 import pytest
 
 from tests.integration.http_stack import Stack
-from tests.reliability.support import GREEDY, generate, is_error_event, sse_data, wait_idle
+from tests.reliability.support import (
+    GREEDY,
+    generate,
+    is_error_event,
+    sse_data,
+    wait_idle,
+)
 
 CLIENTS = 64
 PROMPTS = 8

@@ -1,4 +1,4 @@
-"""Faults (issue 9.5).
+"""Faults.
 
 A shard that fails some batches (TGICTL_FAULT_INJECT, the test-only setting read by tgictl.env): only
 the requests of a failing step fail (an in-band error event when streaming, 424 otherwise), the server
@@ -21,7 +21,13 @@ import pytest
 
 from tests.integration.http_stack import Stack
 from tests.integration.launch_procs import pid_alive, start_launch
-from tests.reliability.support import GREEDY, assert_error_json, is_error_event, sse_data, wait_idle
+from tests.reliability.support import (
+    GREEDY,
+    assert_error_json,
+    is_error_event,
+    sse_data,
+    wait_idle,
+)
 from tgictl.env import Env, FaultInjection
 from tgictl.errors import ConfigError
 from tgictl.runtime.shard.faults import InjectedFaultError, StepFaults

@@ -1,4 +1,4 @@
-"""Bad input on every POST route (issue 9.1): Hypothesis builds bodies of random shapes and types,
+"""Bad input on every POST route: Hypothesis builds bodies of random shapes and types,
 huge, negative and non-finite numbers (raw `NaN` / `Infinity` tokens), empty and giant strings, odd
 Unicode and lone surrogates, invalid UTF-8, deep nesting, truncated JSON and wrong content types.
 
@@ -22,7 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.http_stack import Stack
-from tests.reliability.support import assert_error_json, is_error_event, sse_data, wait_idle
+from tests.reliability.support import (
+    assert_error_json,
+    is_error_event,
+    sse_data,
+    wait_idle,
+)
 
 EXAMPLES_PER_ROUTE = 150
 PAYLOAD_LIMIT = 300_000

@@ -1,4 +1,4 @@
-"""KV pressure (issue 9.4): a KV cache of 32 blocks of 16 tokens (--kv-cache-memory 256KiB on the tiny
+"""KV pressure: a KV cache of 32 blocks of 16 tokens (--kv-cache-memory 256KiB on the tiny
 llama, 8 KiB a block) and eight concurrent requests of ~250 tokens (16 blocks each): at most two fit
 at a time, so the others wait in the queue. All must finish with the output they get alone, with no
 out-of-memory and no error; a request that could never fit is refused with 422 at validation."""
@@ -12,7 +12,13 @@ import httpx
 import pytest
 
 from tests.integration.http_stack import Stack
-from tests.reliability.support import GREEDY, assert_error_json, generate, kv_state, wait_idle
+from tests.reliability.support import (
+    GREEDY,
+    assert_error_json,
+    generate,
+    kv_state,
+    wait_idle,
+)
 
 REQUESTS = 8
 NEW_TOKENS = 150

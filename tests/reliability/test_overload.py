@@ -1,4 +1,4 @@
-"""Overload (issue 9.3): three times --max-concurrent-requests at once. The excess is refused with
+"""Overload: three times --max-concurrent-requests at once. The excess is refused with
 429 and TGI's error JSON at once (while the admitted requests are still running), and every admitted
 request finishes with its full output."""
 
@@ -13,7 +13,13 @@ import httpx
 import pytest
 
 from tests.integration.http_stack import Stack
-from tests.reliability.support import GREEDY, assert_error_json, is_error_event, sse_data, wait_idle
+from tests.reliability.support import (
+    GREEDY,
+    assert_error_json,
+    is_error_event,
+    sse_data,
+    wait_idle,
+)
 
 MAX_CONCURRENT = 4
 NEW_TOKENS = 400  # ~1-2 s of decoding for the four admitted requests: all twelve arrive meanwhile

@@ -1,4 +1,4 @@
-"""Safe defaults (issue 9.7), on one `tgictl launch` started as a careless user would (no --hostname,
+"""Safe defaults, on one `tgictl launch` started as a careless user would (no --hostname,
 no --shard-uds-path, the default log level) plus an API key:
 
 - the HTTP server listens on 127.0.0.1 only;
@@ -30,7 +30,7 @@ import pytest
 from tests.integration.launch_procs import REPO_ROOT, LaunchProc, pid_alive
 from tests.reliability.support import GREEDY, assert_error_json
 from tgictl.config import RouterConfig
-from tgictl.runtime.launcher_plan import free_port
+from tgictl.runtime.launcher.plan import free_port
 
 KEY = "reliability-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -133,7 +133,7 @@ def test_api_key_guards_every_generating_or_revealing_route(launched: LaunchProc
 
 def test_api_key_is_compared_in_constant_time() -> None:
     """The router's key check goes through hmac.compare_digest and nothing compares a key with ==."""
-    source = (PACKAGE / "runtime" / "router" / "server.py").read_text()
+    source = (PACKAGE / "runtime" / "router" / "http" / "app.py").read_text()
     assert "hmac.compare_digest(" in source
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -231,8 +231,8 @@ def _evil_checkpoint(path: Path, marker: Path) -> None:
 
 def test_a_pickle_checkpoint_never_runs_its_code(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tgictl.errors import ConversionError, ModelNotFoundError
-    from tgictl.runtime.convert_torch import load_state_dict
-    from tgictl.runtime.hub import resolve_model
+    from tgictl.runtime.model_files.convert_torch import load_state_dict
+    from tgictl.runtime.model_files.resolve import resolve_model
 
     marker = tmp_path / "pwned"
     model = tmp_path / "evil-model"
@@ -254,7 +254,7 @@ def test_remote_code_is_never_trusted(tiny_model_dir: Path, tmp_path: Path) -> N
     import torch
 
     from tgictl.errors import UnsupportedModelError
-    from tgictl.runtime.router.tokenizer import RouterTokenizer
+    from tgictl.runtime.router.text.tokenizer import RouterTokenizer
     from tgictl.runtime.shard.dist import DistContext
     from tgictl.runtime.shard.models.registry import load_model
 

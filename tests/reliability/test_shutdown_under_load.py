@@ -1,4 +1,4 @@
-"""Shutdown under load (issue 9.6): SIGTERM to `tgictl launch` while requests are running. Requests
+"""Shutdown under load: SIGTERM to `tgictl launch` while requests are running. Requests
 that can finish within --graceful-termination-timeout finish with their whole output; the ones that
 cannot get an error (an in-band event when streaming) when the grace period ends; new requests get
 503 meanwhile; the launcher exits 0 and leaves nothing behind."""
@@ -13,7 +13,12 @@ from pathlib import Path
 import httpx
 
 from tests.integration.launch_procs import start_launch
-from tests.reliability.support import GREEDY, assert_error_json, is_error_event, sse_data
+from tests.reliability.support import (
+    GREEDY,
+    assert_error_json,
+    is_error_event,
+    sse_data,
+)
 
 GRACE_S = 2.0
 SHORT, LONG = 24, 1000  # tokens: well within the grace period / far beyond it on two CPU cores

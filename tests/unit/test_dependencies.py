@@ -8,11 +8,12 @@ import ast
 import importlib.metadata
 import re
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-OPTIONAL = {"uvloop"}  # imported only when importlib finds it (router/runner.py)
+OPTIONAL = {"uvloop"}  # imported only when importlib finds it (router/http/serve.py)
 
 
 def _imported_top_level_modules() -> set[str]:

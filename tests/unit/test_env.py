@@ -118,7 +118,11 @@ def test_native_kernels_switch_and_compiler() -> None:
 
 
 def test_shard_library_defaults_leave_a_users_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tgictl.env import ONEDNN_CACHE_VAR, SHARD_ONEDNN_CACHE_CAPACITY, apply_shard_library_defaults
+    from tgictl.env import (
+        ONEDNN_CACHE_VAR,
+        SHARD_ONEDNN_CACHE_CAPACITY,
+        apply_shard_library_defaults,
+    )
 
     monkeypatch.delenv(ONEDNN_CACHE_VAR, raising=False)
     apply_shard_library_defaults()

@@ -19,9 +19,9 @@ from rich.console import Console
 
 from tgictl.config import BENCH_APIS, BENCH_WORKLOADS, BenchConfig, LogConfig
 from tgictl.errors import ConfigError
-from tgictl.runtime.bench_report import json_safe
-from tgictl.runtime.bench_stats import parse_slo
-from tgictl.runtime.bench_workloads import parse_range
+from tgictl.runtime.bench.report import json_safe
+from tgictl.runtime.bench.stats import parse_slo
+from tgictl.runtime.bench.workloads import parse_range
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:
@@ -118,11 +118,13 @@ def bench(
     # Progress and tables on stdout, or on stderr when stdout carries the JSON document.
     console = Console(stderr=True) if json_output else Console()
     if config.shard_uds_path is not None:
-        from tgictl.runtime.bench_shard import run_shard_bench  # grpc only for this mode
+        from tgictl.runtime.bench.static_batches import (
+            run_shard_bench,  # grpc only for this mode
+        )
 
         document = asyncio.run(run_shard_bench(config, console))
     else:
-        from tgictl.runtime.bench import run_http_bench
+        from tgictl.runtime.bench.load_test import run_http_bench
 
         document = asyncio.run(run_http_bench(config, console))
     if json_output:

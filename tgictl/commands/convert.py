@@ -26,7 +26,7 @@ def convert(
     force: bool = typer.Option(False, "--force", help="Overwrite existing output."),
 ) -> None:
     """Convert a checkpoint to safetensors (every tensor checked) and print the output directory."""
-    from tgictl.runtime.convert import convert as run_convert
+    from tgictl.runtime.model_files.convert import convert as run_convert
 
     config = ConvertConfig(path=path, dtype=dtype, output=output, force=force)
     result = run_convert(config)

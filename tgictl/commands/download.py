@@ -21,7 +21,7 @@ def download(
     ),
 ) -> None:
     """Download a model (safetensors preferred; .bin-only repositories are converted) and print its path."""
-    from tgictl.runtime.hub import download_model, resolve_model
+    from tgictl.runtime.model_files.resolve import download_model, resolve_model
 
     config = DownloadConfig(model_id=model_id, revision=revision, local_dir=local_dir)
     hub = HubConfig.from_env(read_env())

@@ -11,10 +11,10 @@ from typing import Optional
 
 import typer
 
-from tgictl.units import parse_size
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig
 from tgictl.env import inherited_environ, read_env
+from tgictl.units import parse_size
 
 
 @with_router_options
@@ -46,7 +46,7 @@ def launch(
     router_flags: RouterFlags,
 ) -> None:
     """Serve a model: resolve it, start the shards and the router, stop them all on SIGTERM/Ctrl-C."""
-    from tgictl.runtime.launcher import launch as run_launch
+    from tgictl.runtime.launcher.supervisor import launch as run_launch
 
     env = read_env()
     config = LaunchConfig(

@@ -2,7 +2,7 @@
 
 Flags → BudgetSettings → discover the hardware → runtime/budgets. Nothing is loaded onto a device, so
 the command is safe next to a running server. With `--measure` (one shard only) it also loads the model
-in this process and runs the router's warmup probe on it (runtime/measure.py), printing the measured
+in this process and runs the router's warmup probe on it (runtime/profile/measure.py), printing the measured
 figures beside the estimates.
 """
 
@@ -20,7 +20,8 @@ from rich.table import Table
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
 from tgictl.errors import ConfigError, TgictlError, UsageError
-from tgictl.runtime.budgets import (
+from tgictl.runtime.model_files.resolve import load_model_config, resolve_model
+from tgictl.runtime.profile.budgets import (
     DTYPE_BYTES,
     WARMUP_WIGGLE_ROOM,
     Budgets,
@@ -30,10 +31,14 @@ from tgictl.runtime.budgets import (
     kv_heads_per_shard,
     model_shape,
 )
-from tgictl.runtime.hardware import Hardware, discover_hardware, lookup_card_flops
-from tgictl.runtime.hub import load_model_config, resolve_model
-from tgictl.runtime.measure import MeasureSettings, compare, measure
+from tgictl.runtime.profile.hardware import (
+    Hardware,
+    discover_hardware,
+    lookup_card_flops,
+)
+from tgictl.runtime.profile.measure import MeasureSettings, compare, measure
 from tgictl.units import parse_size
+
 
 def read_model_files(model_dir: Path) -> tuple[dict[str, Any], int | None]:
     """config.json, and the tokenizer's model_max_length when tokenizer_config.json states one."""

@@ -27,7 +27,7 @@ def router(
     router_flags: RouterFlags,
 ) -> None:
     """Serve the HTTP API in front of running shards until SIGTERM or SIGINT."""
-    from tgictl.runtime.router.runner import run_router
+    from tgictl.runtime.router.http.serve import run_router
 
     run_router(router_flags.config(
         master_shard_uds_path=master_shard_uds_path or f"{default_uds_path(os.getuid())}-0",

@@ -54,11 +54,9 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help="Default and maximum: the KV tokens the shards hold after warmup.",
     )),
     ("max_batch_size", Optional[int], typer.Option(None, "--max-batch-size", show_default=False)),
-    ("waiting_served_ratio", float, typer.Option(
-        _DEFAULTS["waiting_served_ratio"], "--waiting-served-ratio", help="Without chunking only."
-    )),
-    ("max_waiting_tokens", int, typer.Option(
-        _DEFAULTS["max_waiting_tokens"], "--max-waiting-tokens", help="Without chunking only."
+    ("prefix_caching", Optional[bool], typer.Option(
+        None, "--prefix-caching/--no-prefix-caching", show_default=False,
+        help="Reuse the KV of cached prompt prefixes (default: on, or $PREFIX_CACHING as TGI reads it).",
     )),
     ("max_best_of", int, typer.Option(_DEFAULTS["max_best_of"], "--max-best-of")),
     ("max_stop_sequences", int, typer.Option(_DEFAULTS["max_stop_sequences"], "--max-stop-sequences")),
@@ -93,10 +91,13 @@ class RouterFlags:
 
     def config(self, *, master_shard_uds_path: str, tokenizer_name: str, env: Env) -> RouterConfig:
         """The RouterConfig these flags describe (validated there: a bad value raises ConfigError).
-        Without --api-key the key comes from TGICTL_API_KEY, which keeps it out of `ps`."""
+        Without --api-key the key comes from TGICTL_API_KEY, which keeps it out of `ps`; without
+        --[no-]prefix-caching the setting comes from PREFIX_CACHING (default on)."""
         values = dict(self.values)
         if values["api_key"] is None:
             values["api_key"] = env.api_key
+        if values["prefix_caching"] is None:
+            values["prefix_caching"] = env.prefix_caching
         return RouterConfig(master_shard_uds_path=master_shard_uds_path, tokenizer_name=tokenizer_name, **values)
 
 

@@ -12,9 +12,15 @@ from typing import Optional
 
 import typer
 
-from tgictl.units import parse_size
-from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, HubConfig, ShardConfig, default_uds_path
+from tgictl.config import (
+    DEFAULT_MODEL_ID,
+    SHARD_DTYPES,
+    HubConfig,
+    ShardConfig,
+    default_uds_path,
+)
 from tgictl.env import read_env
+from tgictl.units import parse_size
 
 
 def shard(
@@ -50,7 +56,9 @@ def shard(
         master_addr=env.master_addr,
         master_port=env.master_port,
     )
-    from tgictl.runtime.shard.server import serve  # torch loads only once the flags are known good
+    from tgictl.runtime.shard.server import (
+        serve,  # torch loads only once the flags are known good
+    )
 
     serve(config, HubConfig.from_env(env))
 

@@ -1,4 +1,4 @@
-"""Write new tokens' K/V into the paged cache by slot (DESIGN decision 6)."""
+"""Write new tokens' K/V into the paged cache by slot (docs/architecture.md, "Memory model")."""
 
 from __future__ import annotations
 

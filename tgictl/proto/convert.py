@@ -1,7 +1,7 @@
 """The one place that turns `tgictl.proto.messages` dataclasses into protobuf messages and back.
 
 Router and shard both convert here, so the wire format has a single definition on each side of every
-field (DESIGN decision 5). Every function is plain attribute access, no reflection: Prefill and Decode
+field (docs/architecture.md, "Decisions": TGI's proto shape). Every function is plain attribute access, no reflection: Prefill and Decode
 responses are converted once per step with up to a few hundred generations.
 
 `*_from_pb` functions check only what the conversion itself needs (required sub-messages present,

@@ -1,8 +1,8 @@
-"""The dataclasses both sides of the gRPC contract speak (DESIGN decision 5).
+"""The dataclasses both sides of the gRPC contract speak (docs/architecture.md, "Decisions": TGI's proto shape).
 
 These mirror `generate.proto` one to one, without protobuf and without torch, so the router and the
 shard share one vocabulary; `tgictl.proto.convert` is the only place that turns them into protobuf
-messages and back. Token ids cross the wire, never text (DESIGN decision 1): the shard has no tokenizer
+messages and back. Token ids cross the wire, never text (docs/architecture.md, "Decisions": Token ids on the wire): the shard has no tokenizer
 and the router detokenizes, so `Tokens` carries ids and logprobs only.
 """
 
@@ -42,7 +42,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class StoppingParams:
-    """When the shard stops a request. Stop strings live in the router (DESIGN decision 2)."""
+    """When the shard stops a request. Stop strings live in the router (docs/architecture.md, "Decisions": Stopping split)."""
 
     max_new_tokens: int  # >= 1; tokens this scheduling round may generate
     ignore_eos: bool = False  # benchmarks and warmup: keep going past EOS
@@ -56,7 +56,7 @@ class Request:
     input_ids: tuple[int, ...]  # the whole prompt, already truncated by the router
     sampling: SamplingParams
     stopping: StoppingParams
-    # KV placement chosen by the router (DESIGN decision 3). Empty only in warmup, where the shard
+    # KV placement chosen by the router (docs/architecture.md, "Decisions": The router owns memory). Empty only in warmup, where the shard
     # assigns blocks itself. slots[p] is where position p of the sequence writes its K/V.
     blocks: tuple[int, ...] = ()
     slots: tuple[int, ...] = ()

@@ -94,7 +94,16 @@ def tokenizer_json() -> str:
     Cached as an immutable string (not a Tokenizer object), so no caller can mutate the cached value.
     Training is deterministic: same corpus, same trainer settings, same merges.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     # The same pipeline as Qwen2's tokenizer (NFC, Qwen split regex, byte level without prefix space):

@@ -8,7 +8,7 @@ import typer
 
 from tgictl.cli import main
 from tgictl.commands.launch import launch
-from tgictl.runtime.launcher_plan import ROUTER_FLAGS
+from tgictl.runtime.launcher.plan import ROUTER_FLAGS
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,9 @@ from rich.console import Console
 
 from tgictl.commands.profile import profile_report, read_model_files, render_report
 from tgictl.errors import ModelNotFoundError
-from tgictl.runtime.budgets import BudgetSettings, compute_budgets, model_shape
-from tgictl.runtime.hardware import CpuHost, GpuDevice, Hardware, discover_gpus
+from tgictl.runtime.host import CpuHost
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.profile.hardware import GpuDevice, Hardware, discover_gpus
 
 REPO = Path(__file__).resolve().parents[3]
 GIB = 1 << 30

@@ -29,6 +29,6 @@ def test_help_lists_tgi_router_options(capsys: pytest.CaptureFixture[str], monke
     assert main(["router", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--master-shard-uds-path", "--max-concurrent-requests", "--max-batch-prefill-tokens",
-                 "--waiting-served-ratio", "--max-client-batch-size", "--api-key", "--cors-allow-origin",
+                 "--prefix-caching", "--max-client-batch-size", "--api-key", "--cors-allow-origin",
                  "--payload-limit", "--validation-workers", "--graceful-termination-timeout"):
         assert flag in out, flag

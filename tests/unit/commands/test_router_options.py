@@ -15,7 +15,7 @@ from tgictl.commands.router import router
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import RouterConfig
 from tgictl.env import Env
-from tgictl.runtime.launcher_plan import ROUTER_FLAGS
+from tgictl.runtime.launcher.plan import ROUTER_FLAGS
 
 LAUNCHER_OWNED = {"--master-shard-uds-path", "--tokenizer-name"}
 NO_ENV = Env.from_environ({"HOME": "/h"})
@@ -68,7 +68,7 @@ def test_every_flag_reaches_its_field() -> None:
         "--graceful-termination-timeout", "3.5",
         "--max-concurrent-requests", "7", "--max-input-tokens", "100", "--max-total-tokens", "200",
         "--max-batch-prefill-tokens", "300", "--max-batch-total-tokens", "400", "--max-batch-size", "8",
-        "--waiting-served-ratio", "1.2", "--max-waiting-tokens", "9", "--max-best-of", "3",
+        "--no-prefix-caching", "--max-best-of", "3",
         "--max-stop-sequences", "6", "--max-top-n-tokens", "10", "--max-client-batch-size", "11",
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
         "--payload-limit", "1000", "--validation-workers", "4",
@@ -77,8 +77,8 @@ def test_every_flag_reaches_its_field() -> None:
     assert config == RouterConfig(
         master_shard_uds_path="/s-0", tokenizer_name="t", served_model_name="tgi", hostname="0.0.0.0", port=9000,
         graceful_termination_timeout_s=3.5, max_concurrent_requests=7, max_input_tokens=100, max_total_tokens=200,
-        max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, waiting_served_ratio=1.2,
-        max_waiting_tokens=9, max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10, max_client_batch_size=11,
+        max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, prefix_caching=False,
+        max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10, max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
         validation_workers=4,
     )  # fmt: skip
@@ -95,6 +95,14 @@ def test_the_api_key_comes_from_the_environment_unless_the_flag_gives_one() -> N
     assert "from-flag" not in repr(flagged)
     assert flagged.config(master_shard_uds_path="/s-0", tokenizer_name="t", env=env).api_key == "from-flag"
     assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV).api_key is None
+
+
+def test_prefix_caching_comes_from_tgis_variable_unless_the_flag_gives_it() -> None:
+    off = Env.from_environ({"HOME": "/h", "PREFIX_CACHING": "0"})
+    assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=off).prefix_caching is False
+    assert parse(["--prefix-caching"]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=off).prefix_caching
+    assert parse([]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV).prefix_caching is True
+    assert not parse(["--no-prefix-caching"]).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV).prefix_caching
 
 
 def test_a_command_without_router_flags_is_refused() -> None:

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CaseSpec, build_case
 
 from tgictl.kernels import attention_reference
 from tgictl.kernels.attention_fast import decode_attention, decode_attention_torch
 from tgictl.kernels.native import _build, load_native_kernels
-
-from conftest import CaseSpec, build_case
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 DECODE_SPECS = [

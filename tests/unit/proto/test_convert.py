@@ -278,7 +278,7 @@ def test_optional_fields_stay_absent_on_the_wire() -> None:
 
 
 def test_converting_imports_no_torch() -> None:
-    # The router converts too, and must never import torch (DESIGN: router is torch-free).
+    # The router converts too, and must never import torch (docs/architecture.md, "Processes": the router has no torch).
     code = "import sys, tgictl.proto.convert, tgictl.proto.generate_pb2_grpc; print('torch' in sys.modules)"
     repo = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tgictl.errors import ConfigError
-from tgictl.testing.tiny_models import CHATML_TEMPLATE, FAMILIES, tokenizer_json, write_tiny_model
+from tgictl.testing.tiny_models import (
+    CHATML_TEMPLATE,
+    FAMILIES,
+    tokenizer_json,
+    write_tiny_model,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TEXTS = [

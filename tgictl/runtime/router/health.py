@@ -1,4 +1,4 @@
-"""/health semantics (reference 2.7): the cheap shard Health RPC while all is well; after a generation
+"""/health semantics (TGI's router/src/server.rs `health`): the cheap shard Health RPC while all is well; after a generation
 error, a real one-token forward on the reserved block 0 until one succeeds."""
 
 from __future__ import annotations
@@ -8,7 +8,14 @@ import logging
 from typing import Protocol
 
 from tgictl.errors import TgictlError, UnhealthyError
-from tgictl.proto.messages import Batch, CachedBatch, Request, SamplingParams, StepResult, StoppingParams
+from tgictl.proto.messages import (
+    Batch,
+    CachedBatch,
+    Request,
+    SamplingParams,
+    StepResult,
+    StoppingParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +34,7 @@ class HealthClient(Protocol):
 
 def probe_batch(token_id: int) -> Batch:
     """One greedy one-token request writing its single KV entry into block 0, slot 0
-    (block 0 is never handed out by the allocators, DESIGN decision 3)."""
+    (block 0 is never handed out by the allocators, docs/architecture.md, "Decisions": The router owns memory)."""
     request = Request(
         id=HEALTH_REQUEST_ID,
         input_ids=(token_id,),

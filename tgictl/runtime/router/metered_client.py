@@ -12,8 +12,8 @@ from typing import TypeVar
 
 from tgictl.errors import TgictlError
 from tgictl.proto.messages import Batch, CachedBatch, StepResult
-from tgictl.runtime.router.batcher import ShardClient
 from tgictl.runtime.router.metrics import RouterMetrics
+from tgictl.runtime.router.scheduling.batcher import ShardClient
 
 T = TypeVar("T")
 

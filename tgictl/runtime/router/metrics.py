@@ -1,4 +1,4 @@
-"""Prometheus metrics of one router: TGI's `tgi_*` names (reference 2.9) plus tgictl's KV-cache figures.
+"""Prometheus metrics of one router: TGI's `tgi_*` names (router/src/server.rs and backends/v3) plus tgictl's KV-cache figures.
 
 Every RouterMetrics owns its CollectorRegistry, so two apps in one process (tests) never share or
 collide; nothing lives at module level.
@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tgictl.runtime.router.request import EndEvent

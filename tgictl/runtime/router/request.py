@@ -10,11 +10,11 @@ from tgictl.proto.messages import FinishReason, SamplingParams
 
 @dataclass(frozen=True)
 class ValidatedRequest:
-    """A request that passed every limit, tokenized once (DESIGN decision 1)."""
+    """A request that passed every limit, tokenized once (docs/architecture.md, "Decisions": Token ids on the wire)."""
 
     input_ids: tuple[int, ...]  # after truncation: the last `truncate` tokens
     sampling: SamplingParams
-    max_new_tokens: int  # this scheduling round (capped per round, see infer's continuation)
+    max_new_tokens: int  # this scheduling round (capped per round: see scheduling/entry.py's continuation)
     stop_sequences: tuple[str, ...] = ()
     ignore_eos: bool = False
     top_n_tokens: int = 0

@@ -1,9 +1,10 @@
 """The running router: start-up against the shards, the pieces every route uses, graceful shutdown.
 
-Start-up follows TGI (reference 1.3): connect, ClearCache(None), Info, Warmup, then the limits
-derived from the warmup (router/limits.py), the allocator sized from them, the queue, the batching
-task and Infer. Shutdown: stop admitting (503), let in-flight requests finish up to the graceful
-timeout, then end the rest with an error event.
+Start-up follows TGI's router: connect, ClearCache(None), Info, Warmup, then the limits derived from
+the warmup (scheduling/limits.py), the allocator sized from them, the queue and the batching task
+(docs/architecture.md, "Processes"). A request holds one of max_concurrent_requests permits (429 when
+none is left) from admission to its last event. Shutdown: stop admitting (503), let in-flight requests
+finish up to the graceful timeout, then end the rest with an error event.
 """
 
 from __future__ import annotations
@@ -13,25 +14,24 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from tgictl.config import RouterConfig
-from tgictl.errors import TemplateError, TgictlError, UnhealthyError, ValidationError
+from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
-from tgictl.runtime.router.allocator_factory import create_allocator
-from tgictl.runtime.router.batcher import Batcher, BatcherConfig, ShardClient
 from tgictl.runtime.router.health import HealthChecker
-from tgictl.runtime.router.infer import Infer, InferConfig
-from tgictl.runtime.router.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
+from tgictl.runtime.router.kv.prefix_allocator import create_allocator
 from tgictl.runtime.router.metered_client import MeteredClient
 from tgictl.runtime.router.metrics import RouterMetrics
-from tgictl.runtime.router.queue import Queue
-from tgictl.runtime.router.request import EndEvent, ErrorEvent, StreamEvent, ValidatedRequest
-from tgictl.runtime.router.request_state import TokenTexts
-from tgictl.runtime.router.tokenizer import RouterTokenizer
+from tgictl.runtime.router.request import EndEvent, StreamEvent, ValidatedRequest
+from tgictl.runtime.router.scheduling.batcher import Batcher, BatcherConfig, ShardClient
+from tgictl.runtime.router.scheduling.entry import TokenTexts
+from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
+from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
+from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.validation import GenerationInput, ValidationLimits, Validator
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,26 @@ class ShuttingDownError(UnhealthyError):
 
 
 @dataclass
-class Admission:
-    """One admitted request: its concurrency permit and timings. `release()` is idempotent."""
+class Permits:
+    """max_concurrent_requests, counted: each generation (a best_of or n choice too) holds one."""
 
-    permit: ExitStack
+    limit: int
+    in_use: int = 0
+
+
+@dataclass
+class Admission:
+    """One admitted generation: its concurrency permit and timings. `release()` is idempotent."""
+
+    permits: Permits
     start: float = field(default_factory=time.monotonic)
     validation_s: float = 0.0
+    released: bool = False
 
     def release(self) -> None:
-        self.permit.close()
+        if not self.released:
+            self.released = True
+            self.permits.in_use -= 1
 
 
 def probe_token(tokenizer: RouterTokenizer, vocab_size: int) -> int:
@@ -105,8 +116,10 @@ class RouterService:
                 max_new_tokens_per_round=config.max_new_tokens_per_round,
             ),
         )
-        self.allocator = create_allocator(limits.num_blocks, info.block_size, info.use_prefix_caching)
-        self.queue = Queue(self.allocator, block_size=info.block_size, support_chunking=info.support_chunking)
+        # The router owns the prefix cache; the shard only says whether it can compute from a cached prefix.
+        self.prefix_caching = config.prefix_caching and info.use_prefix_caching
+        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching)
+        self.queue = Queue(self.allocator, block_size=info.block_size)
         self.health = HealthChecker(client, probe_token(tokenizer, info.vocab_size))
         self.batcher = Batcher(
             MeteredClient(client, self.metrics),
@@ -117,20 +130,11 @@ class RouterService:
                 max_batch_prefill_tokens=limits.max_batch_prefill_tokens,
                 max_batch_total_tokens=limits.max_batch_total_tokens,
                 max_batch_size=limits.max_batch_size,
-                waiting_served_ratio=config.waiting_served_ratio,
-                max_waiting_tokens=config.max_waiting_tokens,
-                support_chunking=info.support_chunking,
             ),
             on_error=self.health.mark_unhealthy,
         )
-        self.infer = Infer(
-            self.batcher,
-            InferConfig(
-                max_concurrent_requests=config.max_concurrent_requests,
-                max_new_tokens_per_round=config.max_new_tokens_per_round,
-                max_total_tokens=limits.max_total_tokens,
-            ),
-        )
+        self._permits = Permits(config.max_concurrent_requests)
+        self._channels: set[EventChannel] = set()  # open ones: what a shutdown must end
         allocator = self.allocator
         self.metrics.watch(
             queue_size=lambda: len(self.queue),
@@ -140,7 +144,6 @@ class RouterService:
         )
         self._executor = ThreadPoolExecutor(config.validation_workers, thread_name_prefix="validation")
         self._batcher_task: asyncio.Task[None] | None = None
-        self._abort = asyncio.Event()
         self.draining = False
 
     @classmethod
@@ -148,6 +151,9 @@ class RouterService:
         """Clear, Info, Warmup, derive limits, start the batching task."""
         await client.clear_cache(None)
         info = await client.info()
+        if not info.support_chunking:
+            # The scheduler always admits prompts as chunks beside the running batch.
+            raise UnhealthyError("the shard does not support chunked prefill, which this router requires")
         tokenizer = RouterTokenizer(model_dir)
         prefill_tokens = max_batch_prefill_tokens(config, info)
         request = warmup_request(config, info, probe_token(tokenizer, info.vocab_size), prefill_tokens)
@@ -166,20 +172,18 @@ class RouterService:
 
     @property
     def in_flight(self) -> int:
-        return self.infer.permits_in_use
+        return self._permits.in_use
 
     def admit(self) -> Admission:
-        """A concurrency permit for one request: 503 while draining, 429 when none is left."""
+        """A concurrency permit for one generation: 503 while draining, 429 when none is left."""
         self.metrics.request_count.inc()
         if self.draining:
             raise ShuttingDownError()
-        stack = ExitStack()
-        try:
-            stack.enter_context(self.infer.permit())
-        except TgictlError:
+        if self._permits.in_use >= self._permits.limit:
             self.metrics.request_failure.labels(err="overloaded").inc()
-            raise
-        return Admission(permit=stack)
+            raise OverloadedError()
+        self._permits.in_use += 1
+        return Admission(permits=self._permits)
 
     async def validate(self, admission: Admission, request: GenerationInput) -> ValidatedRequest:
         """Tokenize and check limits in the worker pool, off the event loop."""
@@ -209,50 +213,31 @@ class RouterService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.tokenizer.encode_with_offsets, text)
 
-    async def stream(self, admission: Admission, request: ValidatedRequest) -> AsyncIterator[StreamEvent]:
-        """The request's events; closing the iterator cancels it. Ends with an error event when the
-        graceful shutdown timeout runs out first."""
-        inner = self.infer.stream(request)
-        abort = asyncio.ensure_future(self._abort.wait())
-        step: asyncio.Future[StreamEvent] | None = None
-        ended = False
-        try:
-            while True:
-                step = asyncio.ensure_future(anext(inner))
-                done, _ = await asyncio.wait({step, abort}, return_when=asyncio.FIRST_COMPLETED)
-                if step not in done:
-                    step.cancel()
-                    ended = True
-                    self.metrics.request_failure.labels(err="generation").inc()
-                    yield ErrorEvent(ShuttingDownError("the server shut down before the request ended"))
-                    return
-                try:
-                    event = step.result()
-                except StopAsyncIteration:
-                    ended = True
-                    self.metrics.request_failure.labels(err="incomplete").inc()
-                    return
-                if isinstance(event, EndEvent):
-                    ended = True
-                    self.metrics.observe_end(time.monotonic() - admission.start, event)
-                elif isinstance(event, ErrorEvent):
-                    ended = True
-                    self.metrics.request_failure.labels(err="generation").inc()
-                yield event
-                if ended:
-                    return
-        finally:
-            # Synchronous bookkeeping first: under a cancelled anyio scope (Starlette noticed the
-            # disconnect) every await here raises CancelledError again at once.
-            abort.cancel()
-            if not ended:
-                self.metrics.request_failure.labels(err="dropped").inc()
-            if step is not None and not step.done():
-                # The pending step runs the inner generator; cancelling it ends that generator,
-                # whose own cleanup cancels the request (Infer closes the round).
-                step.cancel()
+    def open(self, admissions: Sequence[Admission], requests: Sequence[ValidatedRequest]) -> EventChannel:
+        """Queue the generations; their events arrive in the returned channel, which the caller
+        closes when it stops reading (closing early cancels what still runs)."""
+        channel = self.batcher.submit(requests, self.config.max_new_tokens_per_round)
+        self._channels.add(channel)
+        starts = [a.start for a in admissions]
+        channel.on_close(lambda c: self._closed(c, starts))
+        return channel
+
+    def _closed(self, channel: EventChannel, starts: Sequence[float]) -> None:
+        """Every request's outcome is counted once, when its channel closes."""
+        self._channels.discard(channel)
+        now = time.monotonic()
+        for index, start in enumerate(starts):
+            event = channel.ends.get(index)
+            if isinstance(event, EndEvent):
+                self.metrics.observe_end(now - start, event)
             else:
-                await inner.aclose()
+                self.metrics.request_failure.labels(err="generation" if event is not None else "dropped").inc()
+
+    async def stream(self, admission: Admission, request: ValidatedRequest) -> AsyncIterator[StreamEvent]:
+        """One generation's events, for callers that need no keep-alive; closing the iterator
+        cancels it."""
+        async for event in events(self.open([admission], [request])):
+            yield event
 
     async def check_health(self) -> None:
         if self.draining:
@@ -270,7 +255,8 @@ class RouterService:
         finished = self.in_flight == 0
         if not finished:
             log.warning("graceful termination timeout: ending %d requests", self.in_flight)
-            self._abort.set()
+            for channel in list(self._channels):
+                channel.fail(ShuttingDownError("the server shut down before the request ended"))
             # Give the streams a moment to deliver their error event and release their permits.
             end = time.monotonic() + 2.0
             while self.in_flight > 0 and time.monotonic() < end:

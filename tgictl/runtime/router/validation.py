@@ -1,6 +1,6 @@
-"""Request validation in TGI's order and words (reference section 3), tokenizing once.
+"""Request validation in TGI's order and words (TGI's router/src/validation.rs), tokenizing once.
 
-Deliberate differences from TGI (issue 6): top_p = 1.0 is accepted and means off; presence_penalty is
+Deliberate differences from TGI (docs/architecture.md, "What TGI does differently"): top_p = 1.0 is accepted and means off; presence_penalty is
 a real presence penalty; non-finite numbers are rejected with the field's message instead of slipping
 through comparisons.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tgictl.errors import ValidationError
 from tgictl.proto.messages import SamplingParams
 from tgictl.runtime.router.request import ValidatedRequest
-from tgictl.runtime.router.tokenizer import RouterTokenizer
+from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
@@ -173,12 +173,13 @@ class Validator:
             total = request.max_new_tokens
         else:
             total = max(limits.max_total_tokens - input_length, 0)
-        this_round = min(total, limits.max_new_tokens_per_round)
-        if input_length + this_round > limits.max_total_tokens or this_round == 0:
+        # TGI's limit on the whole request: continuation rounds split what fits, never more.
+        if input_length + total > limits.max_total_tokens or total == 0:
             raise ValidationError(
                 f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-                f"Given: {input_length} `inputs` tokens and {this_round} `max_new_tokens`"
+                f"Given: {input_length} `inputs` tokens and {total} `max_new_tokens`"
             )
+        this_round = min(total, limits.max_new_tokens_per_round)
         if input_length > limits.max_input_tokens:
             raise ValidationError(
                 f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"

@@ -2,7 +2,7 @@
 
 A `ShardBatch` is built once from the router's `messages.Batch` and then lives across steps under its
 id. Each row carries what the next forward needs: the tokens seen so far, where its K/V goes (the
-router's blocks and slots, DESIGN decision 3), how many tokens are already in the cache and how many
+router's blocks and slots, docs/architecture.md, "Decisions": The router owns memory), how many tokens are already in the cache and how many
 the next forward computes. A row is *prefilling* while part of its prompt has no K/V yet; it then
 computes `chunk_len` prompt tokens per step (chunked prefill) and emits nothing until the prompt is
 done. Afterwards it decodes one token per step.
@@ -27,7 +27,11 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import Batch, CachedBatch, Request
-from tgictl.runtime.shard.sampling import NextTokenChooser, TokenHistory, needs_history
+from tgictl.runtime.shard.sampling.sampler import (
+    NextTokenChooser,
+    TokenHistory,
+    needs_history,
+)
 
 
 @dataclass(eq=False, slots=True)

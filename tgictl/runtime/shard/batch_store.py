@@ -1,4 +1,4 @@
-"""The shard's cached batches between steps, keyed by the router's batch id (reference 7.2).
+"""The shard's cached batches between steps, keyed by the router's batch id (TGI's server.py TextGenerationService cache).
 
 Only the servicer's single worker thread touches the store, so it needs no lock. Lookups that miss
 raise BatchNotFoundError (gRPC NOT_FOUND): the router asked for a batch this shard does not hold.

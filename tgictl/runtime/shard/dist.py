@@ -1,4 +1,4 @@
-"""Tensor-parallel process group: gloo on CPU, NCCL on CUDA (DESIGN decision 7).
+"""Tensor-parallel process group: gloo on CPU, NCCL on CUDA (docs/architecture.md, "Decisions": Tensor parallelism).
 
 The caller passes RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as read by tgictl/env.py; nothing
 here reads the environment. At world size 1 there is no process group and every collective is a

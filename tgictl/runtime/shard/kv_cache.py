@@ -1,4 +1,4 @@
-"""The paged KV cache of one rank (DESIGN decision 6).
+"""The paged KV cache of one rank (docs/architecture.md, "Memory model").
 
 Per layer, K and V are `[num_blocks, block_size, kv_heads_per_rank, head_dim]`; token slot
 s = block * block_size + offset. The router decides which slots a forward writes; the cache only holds

@@ -2,7 +2,7 @@
 
 It owns the model, the KV cache and the model runner; the servicer owns the cache of batches by id and
 the protobuf conversion. Until `warmup` sizes it, the KV cache holds only block 0 (enough for the
-health probe): the router always warms up before it schedules (reference 1.3), and a batch whose
+health probe): the router always warms up before it schedules (TGI's backends/v3/src/client/sharded_client.rs), and a batch whose
 blocks do not exist is refused as an invalid request rather than written out of bounds.
 """
 
@@ -17,15 +17,22 @@ import torch
 from tgictl.errors import ConfigError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
 from tgictl.kernels.native import load_native_kernels
-from tgictl.proto.messages import Batch, Generation, Info, Timings, WarmupRequest, WarmupResult
-from tgictl.runtime.hardware import cpu_has_native_bf16, default_serving_dtype
+from tgictl.proto.messages import (
+    Batch,
+    Generation,
+    Info,
+    Timings,
+    WarmupRequest,
+    WarmupResult,
+)
+from tgictl.runtime.host import cpu_has_native_bf16, default_serving_dtype
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.host_memory import release_free_memory
 from tgictl.runtime.shard.kv_cache import KVCache
-from tgictl.runtime.shard.model_runner import ModelRunner
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.registry import load_model
+from tgictl.runtime.shard.step import ModelRunner
 from tgictl.runtime.shard.warmup import KVMemorySettings, warmup
 
 StepOutput = tuple[list[Generation], ShardBatch | None, Timings]

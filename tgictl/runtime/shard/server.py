@@ -1,4 +1,4 @@
-"""The life of one `tgictl shard` process: load, listen, serve, stop (reference 7.1).
+"""The life of one `tgictl shard` process: load, listen, serve, stop (TGI's server.py `serve`).
 
 Order matters to the launcher: the socket directory is checked first (a bad `--uds-path` fails
 before anything is loaded), then the rank joins the tensor-parallel group and loads its slice of the
@@ -31,7 +31,11 @@ from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
-from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir, remove_socket
+from tgictl.runtime.shard.uds import (
+    check_socket_path,
+    prepare_socket_dir,
+    remove_socket,
+)
 
 log = logging.getLogger("tgictl.shard")
 
@@ -52,7 +56,9 @@ def select_device(rank: int) -> torch.device:
 
 
 def _resolve_model(config: ShardConfig, hub: HubConfig | None) -> Path:
-    from tgictl.runtime.hub import resolve_model  # the hub client is only needed on this path
+    from tgictl.runtime.model_files.resolve import (
+        resolve_model,  # the hub client is only needed on this path
+    )
 
     return resolve_model(config.model_id, config.revision, hub=hub)
 

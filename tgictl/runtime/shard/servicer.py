@@ -1,4 +1,4 @@
-"""The gRPC TextGenerationService of one rank (generate.proto; reference 1.1 and 7.2).
+"""The gRPC TextGenerationService of one rank (generate.proto; TGI's server.py TextGenerationService).
 
 Threading: every RPC that touches the device or the batch store runs on ONE worker thread, in the
 order the RPCs arrive. One forward at a time is what the KV cache and the batch store need (no
@@ -14,7 +14,7 @@ Errors are mapped in exactly one place, `grpc_status`, which `_rpc` applies to e
 TgictlError answers with its own gRPC status (INVALID_ARGUMENT, NOT_FOUND...) and the shard keeps
 serving; INTERNAL (a DeviceError, or any other exception: CUDA out of memory, a failed collective, a
 RuntimeError from torch, a bug) means the shard's state can no longer be trusted, so `on_fatal` is
-called and the process exits non-zero (reference 1.1: the launcher then tears every process down).
+called and the process exits non-zero (as in TGI: the launcher then tears every process down).
 A device job reports its own fatal failure too, so it stops the shard even if its client gave up.
 """
 

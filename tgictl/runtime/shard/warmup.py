@@ -1,6 +1,6 @@
 """Warmup: a probe forward at the largest prefill, then size the KV cache from the memory left.
 
-Mirrors TGI's `warmup` (reference 7.3). The probe runs the full step (sampling, top-n, prompt
+Mirrors TGI's `warmup` (TGI's FlashCausalLM.warmup). The probe runs the full step (sampling, top-n, prompt
 logprobs) on a cache sized for the probe alone, so a `max_prefill_tokens` that does not fit fails
 here, at startup, instead of under load. Then the cache gets every block the memory budget allows:
 
@@ -23,11 +23,17 @@ from dataclasses import dataclass
 import torch
 
 from tgictl.errors import ConfigError, DeviceError
-from tgictl.proto.messages import Batch, Request, StoppingParams, WarmupRequest, WarmupResult
-from tgictl.runtime.hardware import discover_cpu
+from tgictl.proto.messages import (
+    Batch,
+    Request,
+    StoppingParams,
+    WarmupRequest,
+    WarmupResult,
+)
+from tgictl.runtime.host import discover_cpu
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.kv_cache import KVCache
-from tgictl.runtime.shard.model_runner import ModelRunner
+from tgictl.runtime.shard.step import ModelRunner
 
 GIB = 1 << 30
 CPU_DEFAULT_FRACTION = 0.25  # of the available RAM, when no kv_cache_memory is given
@@ -93,7 +99,7 @@ def assign_probe_blocks(batch: Batch, block_size: int) -> tuple[Batch, int]:
 
     Blocks start at 1 (block 0 is reserved for health probes). The probe runs one step, so each
     request covers its prompt only (max_new_tokens 1); ids are renumbered because the router sends
-    every probe request with id 0 (reference 1.4).
+    every probe request with id 0 (TGI's grpc_client.rs `warmup`).
     """
     requests: list[Request] = []
     next_block = 1

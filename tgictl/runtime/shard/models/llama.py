@@ -14,7 +14,11 @@ from tgictl.kernels import AttentionMetadata
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.layers.attention import AttentionOptions, PagedAttention
-from tgictl.runtime.shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding, load_vocab_rows
+from tgictl.runtime.shard.layers.embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    load_vocab_rows,
+)
 from tgictl.runtime.shard.layers.mlp import GatedMLP
 from tgictl.runtime.shard.layers.norm import RMSNorm
 from tgictl.runtime.shard.layers.rotary import RotaryEmbedding

@@ -1,0 +1,237 @@
+"""The batching loop against a fake shard client: routing, stopping, filtering, errors, leaks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from tgictl.proto.messages import FinishReason, SamplingParams
+from tgictl.runtime.router.kv.block_allocator import BlockAllocator
+from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
+from tgictl.runtime.router.request import (
+    EndEvent,
+    ErrorEvent,
+    StreamEvent,
+    TokenEvent,
+    ValidatedRequest,
+)
+from tgictl.runtime.router.scheduling.batcher import Batcher, BatcherConfig
+from tgictl.runtime.router.scheduling.entry import Entry, TokenTexts
+from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.testing.fake_shard import FakeShard
+
+
+@pytest.fixture(scope="module")
+def texts(tiny_tokenizer_dir: Path) -> TokenTexts:
+    tokenizer = Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
+    special = frozenset(i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special)
+    return TokenTexts(decoder=tokenizer, special_ids=special)
+
+
+class Client:
+    """One request's side of the stream."""
+
+    def __init__(self, request: ValidatedRequest, cancel_after: int | None = None) -> None:
+        self.events: list[StreamEvent] = []
+        self.done = asyncio.Event()
+        self.cancelled = False
+        self.cancel_after = cancel_after
+        self.entry = Entry(request=request, send=self._send, is_cancelled=lambda: self.cancelled)
+
+    def _send(self, event: StreamEvent) -> None:
+        assert not self.done.is_set(), "event after the end of the stream"
+        self.events.append(event)
+        if isinstance(event, (EndEvent, ErrorEvent)):
+            self.done.set()
+        elif self.cancel_after is not None and len(self.events) >= self.cancel_after:
+            self.cancelled = True
+            self.done.set()
+
+
+def request(prompt: tuple[int, ...] = (5, 6, 7), max_new_tokens: int = 4, **kw: object) -> ValidatedRequest:
+    return ValidatedRequest(input_ids=prompt, sampling=SamplingParams(), max_new_tokens=max_new_tokens, **kw)  # type: ignore[arg-type]
+
+
+def make(
+    texts: TokenTexts,
+    *,
+    num_blocks: int = 256,
+    block_size: int = 4,
+    radix: bool = False,
+    **config: object,
+) -> tuple[Batcher, FakeShard, BlockAllocator | RadixAllocator, Queue]:
+    allocator = (RadixAllocator if radix else BlockAllocator)(num_blocks=num_blocks, block_size=block_size)
+    queue = Queue(allocator, block_size=block_size)
+    shard = FakeShard(first_token=40, span=200)
+    settings = dict(max_batch_prefill_tokens=64, max_batch_total_tokens=num_blocks * block_size)
+    settings.update(config)
+    batcher = Batcher(shard, queue, allocator, texts, BatcherConfig(**settings))  # type: ignore[arg-type]
+    return batcher, shard, allocator, queue
+
+
+async def serve(batcher: Batcher, clients: list[Client], stagger: Callable[[int], float] = lambda i: 0.0) -> None:
+    task = asyncio.create_task(batcher.run())
+    try:
+        for i, client in enumerate(clients):
+            if stagger(i):
+                await asyncio.sleep(stagger(i))
+            batcher.enqueue(client.entry)
+        await asyncio.wait_for(asyncio.gather(*(c.done.wait() for c in clients)), timeout=10)
+        for _ in range(5):  # let the loop reach its next step (filtering of cancelled requests)
+            batcher.notify()
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+
+
+def tokens_of(client: Client) -> list[int]:
+    return [e.token.id for e in client.events if isinstance(e, (TokenEvent, EndEvent))]
+
+
+def assert_no_leak(allocator: BlockAllocator | RadixAllocator) -> None:
+    allocator.check_integrity()
+    assert allocator.free_blocks + allocator.cached_blocks == allocator.total_blocks
+
+
+def test_requests_of_mixed_lengths_all_finish_with_their_own_tokens(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts)
+    clients = [Client(request(max_new_tokens=n)) for n in (1, 5, 3, 8)]
+    asyncio.run(serve(batcher, clients, stagger=lambda i: 0.001 * i))
+    for rid, (client, n) in enumerate(zip(clients, (1, 5, 3, 8))):
+        end = client.events[-1]
+        assert isinstance(end, EndEvent)
+        assert end.finish_reason == FinishReason.LENGTH and end.generated_tokens == n
+        assert tokens_of(client) == [shard.token(rid, i) for i in range(n)]
+        assert end.generated_text == "".join(e.content for e in client.events if isinstance(e, (TokenEvent, EndEvent)))
+    assert batcher.in_flight == 0
+    assert_no_leak(allocator)
+
+
+def test_a_stop_string_ends_the_request_and_filters_it_out(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts)
+    probe = Client(request(max_new_tokens=6))
+    asyncio.run(serve(batcher, [probe]))
+    third = texts.decoder.decode([shard.token(0, 2)], skip_special_tokens=False)
+
+    batcher, shard, allocator, _ = make(texts)
+    stopping = Client(request(max_new_tokens=6, stop_sequences=(third,)))
+    other = Client(request(max_new_tokens=6))
+    asyncio.run(serve(batcher, [stopping, other]))
+    end = stopping.events[-1]
+    assert isinstance(end, EndEvent) and end.finish_reason == FinishReason.STOP_SEQUENCE
+    assert end.stop_sequence == third and end.generated_tokens == 3
+    assert not end.generated_text.endswith(third)
+    assert ("filter", (1,)) in shard.calls
+    assert isinstance(other.events[-1], EndEvent) and other.events[-1].generated_tokens == 6
+    assert_no_leak(allocator)
+
+
+def test_a_client_that_leaves_is_filtered_and_its_blocks_freed(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts)
+    leaving = Client(request(max_new_tokens=50), cancel_after=2)
+    staying = Client(request(max_new_tokens=10))
+    asyncio.run(serve(batcher, [leaving, staying]))
+    assert len(leaving.events) == 2
+    assert ("filter", (1,)) in shard.calls
+    assert isinstance(staying.events[-1], EndEvent)
+    assert_no_leak(allocator)
+
+
+def test_a_failed_decode_fails_its_requests_and_the_loop_goes_on(texts: TokenTexts) -> None:
+    batcher, shard, allocator, queue = make(texts)
+    shard.fail_next.add("decode")
+    first = [Client(request(max_new_tokens=5)) for _ in range(2)]
+
+    async def scenario() -> Client:
+        await serve(batcher, first)
+        later = Client(request(max_new_tokens=3))
+        await serve(batcher, [later])
+        return later
+
+    later = asyncio.run(scenario())
+    for client in first:
+        assert isinstance(client.events[-1], ErrorEvent)
+        assert client.events[-1].error.error_type == "generation"
+    assert isinstance(later.events[-1], EndEvent) and later.events[-1].generated_tokens == 3
+    assert any(call[0] == "clear" for call in shard.calls)
+    assert_no_leak(allocator)
+
+
+def test_a_long_prompt_is_chunked_and_yields_nothing_until_it_is_whole(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts, max_batch_prefill_tokens=16)
+    long_prompt = tuple(range(100, 150))  # 50 tokens, budget 16 per step
+    client = Client(request(prompt=long_prompt, max_new_tokens=2))
+    asyncio.run(serve(batcher, [client]))
+    assert [type(e) for e in client.events] == [TokenEvent, EndEvent]
+    assert shard.calls[0] == ("prefill", (0,))
+    assert shard.forwards == 3  # chunk of 16, then the rest, then the second token
+    assert_no_leak(allocator)
+
+
+def test_computed_prompts_are_published_to_the_prefix_cache(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts, radix=True)
+    prompt = tuple(range(60, 80))  # five blocks of 4
+    asyncio.run(serve(batcher, [Client(request(prompt=prompt, max_new_tokens=2))]))
+    assert allocator.cached_blocks == 5
+    assert_no_leak(allocator)
+
+
+def test_failed_prefill_publishes_nothing(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts, radix=True)
+    shard.fail_next.add("prefill")
+    client = Client(request(prompt=tuple(range(60, 80)), max_new_tokens=2))
+    asyncio.run(serve(batcher, [client]))
+    assert isinstance(client.events[-1], ErrorEvent)
+    assert allocator.cached_blocks == 0
+    assert_no_leak(allocator)
+
+
+def test_many_concurrent_requests_leave_nothing_behind(texts: TokenTexts) -> None:
+    batcher, shard, allocator, queue = make(texts, num_blocks=40, block_size=4, radix=True,
+                                            max_batch_prefill_tokens=24)
+    clients = [
+        Client(request(prompt=tuple(range(10, 10 + 3 + i % 7)), max_new_tokens=1 + i % 9),
+               cancel_after=(3 if i % 5 == 0 else None))
+        for i in range(32)
+    ]
+    asyncio.run(serve(batcher, clients, stagger=lambda i: 0.0005 * (i % 3)))
+    assert len(queue) == 0 and batcher.in_flight == 0
+    assert_no_leak(allocator)
+
+
+def test_an_unexpected_client_exception_fails_only_that_step(texts: TokenTexts) -> None:
+    batcher, shard, allocator, _ = make(texts)
+    broken = {"armed": True}
+    original = shard.prefill
+
+    async def prefill(batch, cached):  # type: ignore[no-untyped-def]
+        if broken["armed"] and any(r.input_ids == (9, 9, 9) for r in batch.requests):
+            broken["armed"] = False
+            raise ValueError("Value out of range: 4294967296")  # what protobuf raises for a bad field
+        return await original(batch, cached)
+
+    shard.prefill = prefill  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[Client, Client]:
+        running = Client(request(max_new_tokens=30))
+        task = asyncio.create_task(batcher.run())
+        batcher.enqueue(running.entry)
+        await asyncio.sleep(0.01)
+        bad = Client(request(prompt=(9, 9, 9), max_new_tokens=3))
+        batcher.enqueue(bad.entry)
+        await asyncio.wait_for(asyncio.gather(running.done.wait(), bad.done.wait()), timeout=10)
+        task.cancel()
+        return running, bad
+
+    running, bad = asyncio.run(scenario())
+    assert isinstance(bad.events[-1], ErrorEvent)
+    assert "ValueError" in str(bad.events[-1].error)
+    # (with chunking the new batch shares its step with the running one, which fails with it)
+    later = Client(request(max_new_tokens=2))
+    asyncio.run(serve(batcher, [later]))
+    assert isinstance(later.events[-1], EndEvent)
+    assert_no_leak(allocator)

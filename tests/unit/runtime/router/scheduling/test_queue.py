@@ -1,0 +1,143 @@
+"""Queue.next_batch: the cases of TGI's own queue tests, plus chunking and prefix-cache cases."""
+
+from __future__ import annotations
+
+from tgictl.proto.messages import SamplingParams
+from tgictl.runtime.router.kv.block_allocator import BlockAllocator
+from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
+from tgictl.runtime.router.request import ValidatedRequest
+from tgictl.runtime.router.scheduling.entry import Entry
+from tgictl.runtime.router.scheduling.queue import Queue
+
+
+def entry(input_ids: tuple[int, ...] = (7,), max_new_tokens: int = 1, cancelled: bool = False) -> Entry:
+    request = ValidatedRequest(input_ids=input_ids, sampling=SamplingParams(), max_new_tokens=max_new_tokens)
+    return Entry(request=request, send=lambda event: None, is_cancelled=lambda: cancelled)
+
+
+def tgi_queue() -> Queue:
+    # TGI's test state: block_size 1, max_batch_total_tokens 16 -> 16 blocks (block 0 reserved)
+    return Queue(BlockAllocator(num_blocks=16, block_size=1), block_size=1)
+
+
+def test_append_assigns_increasing_ids() -> None:
+    queue = tgi_queue()
+    assert queue.append(entry()) == 0
+    assert queue.append(entry()) == 1
+    assert len(queue) == 2
+
+
+def test_next_batch_empty() -> None:
+    queue = tgi_queue()
+    assert queue.next_batch(None, 1, 1) is None
+    assert queue.next_batch(1, 1, 1) is None
+
+
+def test_next_batch_takes_entries_in_order() -> None:
+    queue = tgi_queue()
+    queue.append(entry())
+    queue.append(entry())
+    nb = queue.next_batch(None, 2, 2)
+    assert nb is not None
+    assert list(nb.entries) == [0, 1]
+    assert nb.batch.id == 0
+    assert all(e.batch_time is not None for e in nb.entries.values())
+    queue.append(entry())
+    nb = queue.next_batch(None, 2, 2)
+    assert nb is not None and list(nb.entries) == [2] and nb.batch.id == 1
+
+
+def test_next_batch_max_size() -> None:
+    queue = tgi_queue()
+    queue.append(entry())
+    queue.append(entry())
+    nb = queue.next_batch(1, 2, 2)
+    assert nb is not None and list(nb.entries) == [0]
+    assert len(queue) == 1
+
+
+def test_next_batch_token_budget() -> None:
+    queue = tgi_queue()
+    queue.append(entry())
+    queue.append(entry())
+    nb = queue.next_batch(None, 1, 1)
+    assert nb is not None and list(nb.entries) == [0]
+    queue.append(entry())
+    nb = queue.next_batch(None, 3, 3)
+    assert nb is not None and list(nb.entries) == [1, 2] and nb.batch.id == 1
+
+
+def test_zero_budget_gives_nothing() -> None:
+    queue = tgi_queue()
+    queue.append(entry())
+    assert queue.next_batch(1, 0, 0) is None
+    assert queue.next_batch(None, 0, 5) is None
+    assert len(queue) == 1
+
+
+def test_cancelled_entries_are_dropped() -> None:
+    queue = tgi_queue()
+    queue.append(entry(cancelled=True))
+    assert queue.next_batch(None, 2, 2) is None
+    assert len(queue) == 0 and queue.dropped == 1
+
+
+def test_blocks_cover_input_plus_new_tokens_minus_one() -> None:
+    allocator = BlockAllocator(num_blocks=64, block_size=4)
+    queue = Queue(allocator, block_size=4)
+    queue.append(entry(input_ids=tuple(range(10)), max_new_tokens=7))
+    nb = queue.next_batch(None, 100, 100)
+    assert nb is not None
+    (request,) = nb.batch.requests
+    assert len(request.slots) == 16 and len(request.blocks) == 4
+    assert request.slots[:4] == tuple(request.blocks[0] * 4 + i for i in range(4))
+    assert request.cache_len == 0 and request.chunk_len is None
+    assert allocator.free_blocks == 63 - 4
+
+
+def test_allocation_failure_stops_the_walk_in_fifo_order() -> None:
+    allocator = BlockAllocator(num_blocks=5, block_size=1)  # 4 usable blocks
+    queue = Queue(allocator, block_size=1)
+    queue.append(entry(input_ids=(1, 2), max_new_tokens=2))  # 3 blocks
+    queue.append(entry(input_ids=(1, 2), max_new_tokens=2))  # 3 more: does not fit
+    queue.append(entry(input_ids=(1,), max_new_tokens=1))  # would fit, but FIFO: no skipping
+    nb = queue.next_batch(None, 100, 100)
+    assert nb is not None and list(nb.entries) == [0]
+    assert len(queue) == 2
+
+
+def test_prompt_longer_than_the_budget_is_chunked() -> None:
+    allocator = BlockAllocator(num_blocks=64, block_size=4)
+    queue = Queue(allocator, block_size=4)
+    queue.append(entry(input_ids=tuple(range(5)), max_new_tokens=2))
+    queue.append(entry(input_ids=tuple(range(30)), max_new_tokens=2))
+    queue.append(entry(input_ids=tuple(range(3)), max_new_tokens=2))
+    nb = queue.next_batch(None, 16, 1000)
+    assert nb is not None and list(nb.entries) == [0, 1]
+    first, second = nb.batch.requests
+    assert first.chunk_len is None
+    assert second.chunk_len == 11  # 16 - 5 prompt tokens already in this prefill
+    assert len(queue) == 1
+
+
+def test_cached_prefix_sets_cache_len_and_a_full_hit_recomputes_the_last_token() -> None:
+    allocator = RadixAllocator(num_blocks=64, block_size=4)
+    queue = Queue(allocator, block_size=4)
+    prompt = tuple(range(100, 112))  # three full blocks
+    queue.append(entry(input_ids=prompt, max_new_tokens=4))
+    nb = queue.next_batch(None, 100, 1000)
+    assert nb is not None
+    first = nb.entries[0]
+    assert first.allocation is not None
+    allocator.free(first.allocation, prompt)  # its prompt KV was computed: publish it
+
+    queue.append(entry(input_ids=prompt + (1, 2, 3, 4, 5), max_new_tokens=4))
+    queue.append(entry(input_ids=prompt, max_new_tokens=4))
+    nb = queue.next_batch(None, 100, 1000)
+    assert nb is not None
+    longer, same = nb.batch.requests
+    assert longer.cache_len == 12 and same.cache_len == 11
+    assert longer.blocks[:3] == same.blocks[:3]
+    allocator.check_integrity()
+
+

@@ -1,0 +1,131 @@
+"""Tensor parallelism: two gloo processes give the TP=1 logits (within 1e-4), identical on both ranks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from tgictl.errors import ConfigError
+from tgictl.kernels import build_attention_metadata
+from tgictl.runtime.launcher.plan import free_port
+from tgictl.runtime.shard.dist import (
+    DistContext,
+    all_gather,
+    all_reduce,
+    destroy_distributed,
+    init_distributed,
+)
+from tgictl.runtime.shard.models.registry import load_model
+
+CPU = torch.device("cpu")
+BLOCK_SIZE = 4
+WORLD_SIZE = 2
+TIMEOUT_S = 90.0
+
+
+def _slots(blocks: list[int], start: int, stop: int) -> Tensor:
+    return torch.tensor([blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(start, stop)])
+
+
+def scenario(model_dir: Path, dtype: torch.dtype, dist: DistContext) -> list[Tensor]:
+    """Prefill A; then A decoding while B prefills, in one batch; then both decode 3 steps."""
+    model = load_model(model_dir, dtype=dtype, device=CPU, dist=dist)
+    cache = model.allocate_kv_cache(32, BLOCK_SIZE)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 500, (40,), generator=generator)
+    blocks_a, blocks_b = [7, 2, 11, 5, 9, 1], [3, 12, 6, 4, 8]
+    outputs = []
+
+    def step(parts: list[tuple[list[int], Tensor, int]], all_logits: bool) -> None:
+        ids = torch.cat([t for _, t, _ in parts])
+        positions = torch.cat([torch.arange(c, c + t.shape[0]) for _, t, c in parts])
+        slots = torch.cat([_slots(b, c, c + t.shape[0]) for b, t, c in parts])
+        meta = build_attention_metadata(
+            [c for _, _, c in parts], [t.shape[0] for _, t, _ in parts], [b for b, _, _ in parts], BLOCK_SIZE, CPU
+        )
+        lengths = torch.tensor([t.shape[0] for _, t, _ in parts])
+        rows = torch.arange(ids.shape[0]) if all_logits else torch.cumsum(lengths, 0) - 1  # last of each
+        outputs.append(model(ids, positions, slots, cache, meta, rows))
+
+    step([(blocks_a, tokens[:11], 0)], all_logits=True)
+    step([(blocks_a, tokens[11:12], 11), (blocks_b, tokens[20:27], 0)], all_logits=True)
+    for i in range(3):
+        decode = [(blocks_a, tokens[12 + i : 13 + i], 12 + i), (blocks_b, tokens[27 + i : 28 + i], 7 + i)]
+        step(decode, all_logits=False)
+    return outputs
+
+
+# (name, tiny-model arguments, dtype): every case runs in ONE pair of rank processes, since starting
+# a process (importing torch) costs more than the forwards.
+CASES: list[tuple[str, dict[str, object], torch.dtype]] = [
+    ("split kv heads, tied, uneven vocab", {"family": "qwen2", "vocab_size": 509}, torch.float32),
+    ("replicated kv head, untied", {"family": "llama", "num_kv_heads": 1}, torch.float32),
+    ("qk norm, bfloat16", {"family": "qwen3"}, torch.bfloat16),
+]
+
+
+def _worker(rank: int, jobs: list[tuple[str, torch.dtype]], port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)  # two ranks share the CI machine's two cores
+    dist = init_distributed(rank, WORLD_SIZE, "127.0.0.1", port, CPU, timeout_s=TIMEOUT_S)
+    try:
+        results = [scenario(Path(model_dir), dtype, dist) for model_dir, dtype in jobs]
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        destroy_distributed(dist)
+
+
+
+@pytest.fixture(scope="module")
+def tp_results(make_tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """{case: (rank 0 logits, rank 1 logits, TP=1 logits)}, each a list of per-step tensors."""
+    out_dir = tmp_path_factory.mktemp("tp")
+    jobs = [(str(make_tiny_model(**overrides)), dtype) for _, overrides, dtype in CASES]
+    context = mp.spawn(_worker, args=(jobs, free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise AssertionError(f"tensor-parallel workers did not finish within {TIMEOUT_S} s")
+    ranks = [torch.load(out_dir / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+    return {
+        name: (ranks[0][i], ranks[1][i], scenario(Path(jobs[i][0]), dtype, DistContext.single()))
+        for i, (name, _, dtype) in enumerate(CASES)
+    }
+
+
+@pytest.mark.parametrize("case", [name for name, _, dtype in CASES if dtype == torch.float32])
+def test_two_ranks_match_one(case: str, tp_results: dict[str, tuple]) -> None:
+    rank0, rank1, single = tp_results[case]
+    assert len(rank0) == len(single) == 5
+    for ours0, ours1, reference in zip(rank0, rank1, single):
+        assert torch.equal(ours0, ours1)  # every rank samples from identical logits
+        assert ours0.shape == reference.shape
+        assert (ours0 - reference).abs().max().item() <= 1e-4
+
+
+def test_two_ranks_in_bfloat16_agree(tp_results: dict[str, tuple]) -> None:
+    rank0, rank1, single = tp_results["qk norm, bfloat16"]
+    for ours0, ours1, reference in zip(rank0, rank1, single):
+        assert torch.equal(ours0, ours1)
+        assert torch.equal(ours0.argmax(-1), reference.argmax(-1))
+
+
+def test_world_one_needs_no_process_group() -> None:
+    dist = init_distributed(0, 1, "127.0.0.1", 1, CPU)  # port 1: nothing may try to connect
+    assert dist == DistContext.single() and not dist.is_sharded
+    assert not torch.distributed.is_initialized()
+    tensor = torch.arange(4.0)
+    assert all_reduce(tensor, dist) is tensor
+    assert all_gather(tensor, dist) is tensor
+
+
+def test_bad_rank_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="rank=2, world_size=2"):
+        init_distributed(2, 2, "127.0.0.1", 1, CPU)

@@ -1,0 +1,177 @@
+"""The FastAPI app: routes, TGI's error body for every failure, API key, CORS and the payload limit.
+
+Every error leaves as `{"error", "error_type"}` (TGI's ErrorResponse): our own errors with their status,
+malformed JSON as 400, a body of the wrong shape or types as 422, a wrong content type as 415, an
+oversized body as 413, unknown paths as 404 - never FastAPI's `detail` format, never a 500 for a
+client's mistake.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tgictl import __version__
+from tgictl.errors import PayloadTooLargeError, TgictlError
+from tgictl.runtime.router.http.responses import error_response
+from tgictl.runtime.router.http.routes_openai import openai_router
+from tgictl.runtime.router.http.routes_tgi import tgi_router
+from tgictl.runtime.router.service import RouterService
+
+log = logging.getLogger(__name__)
+
+
+class UnauthorizedError(TgictlError):
+    http_status = 401
+    error_type = "unauthorized"
+
+    def __init__(self) -> None:
+        super().__init__("Unauthorized: a valid `Authorization: Bearer <api key>` header is required")
+
+
+class RequestBodyError(TgictlError):
+    """A body that is not JSON (400) or JSON of the wrong shape (422)."""
+
+    error_type = "validation"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status
+
+
+class UnsupportedMediaTypeError(TgictlError):
+    http_status = 415
+    error_type = "unsupported_media_type"
+
+
+class HttpError(TgictlError):
+    """Starlette's own answers (404, 405) in TGI's error shape."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status
+        self.error_type = {404: "not_found", 405: "method_not_allowed"}.get(status, "http")
+
+
+class BodyGuard:
+    """Pure ASGI middleware in front of the app: POST bodies must be JSON (415) and at most
+    `limit` bytes (413), checked on Content-Length and again on the bytes actually received."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        too_large = PayloadTooLargeError(f"Payload too large: the request body must be at most {self.limit} bytes")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await error_response(too_large)(scope, receive, send)
+            return
+        media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json" and not media_type.endswith("+json"):
+            err = UnsupportedMediaTypeError(
+                f"Expected request with `Content-Type: application/json`, got {media_type or 'none'!r}"
+            )
+            await error_response(err)(scope, receive, send)
+            return
+        # Read the body here (bounded) and replay it, so a chunked upload cannot exceed the limit either.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await error_response(too_large)(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _describe(errors: list[Any]) -> str:
+    parts = []
+    for error in errors:
+        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{location}: {error.get('msg')}" if location else str(error.get("msg")))
+    return "; ".join(parts)
+
+
+def create_app(service: RouterService) -> FastAPI:
+    config = service.config
+    expected = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
+
+    async def auth(request: Request) -> None:
+        """The API key on every route that generates or reveals the model (constant-time compare)."""
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise UnauthorizedError()
+
+    app = FastAPI(
+        title="tgictl",
+        version=__version__,
+        description="Text generation with TGI's and OpenAI's APIs",
+        docs_url="/docs",
+        openapi_url="/api-doc/openapi.json",
+        redoc_url=None,
+    )
+
+    @app.exception_handler(TgictlError)
+    async def _tgictl_error(request: Request, err: TgictlError) -> Any:
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _body_error(request: Request, err: RequestValidationError) -> Any:
+        errors = list(err.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            detail = "; ".join(str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors)
+            return error_response(RequestBodyError(f"Failed to parse the request body as JSON: {detail}", 400))
+        return error_response(
+            RequestBodyError(f"Failed to deserialize the JSON body into the target type: {_describe(errors)}", 422)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> Any:
+        return error_response(HttpError(str(err.detail), err.status_code), headers=getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, err: Exception) -> Any:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(TgictlError(f"Internal server error: {type(err).__name__}"))
+
+    app.include_router(tgi_router(service, auth))
+    app.include_router(openai_router(service, auth))
+    app.add_middleware(BodyGuard, limit=config.payload_limit)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(config.cors_allow_origin) or ["*"],
+        allow_methods=["GET", "POST"],
+        allow_headers=["content-type", "authorization"],
+    )
+    return app

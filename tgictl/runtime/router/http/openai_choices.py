@@ -1,0 +1,161 @@
+"""One OpenAI call run as n choices: permits and validation for all, non-stream collection, and the
+interleaved SSE stream of their chunks (one EventChannel carries them all) ending with `data: [DONE]`
+(errors in-band after the first byte)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from tgictl import __version__
+from tgictl.errors import TgictlError
+from tgictl.runtime.router.http.outcome import Outcome, collect_all
+from tgictl.runtime.router.http.responses import (
+    KEEP_ALIVE,
+    KEEP_ALIVE_S,
+    SSEResponse,
+    TgiJSONResponse,
+    sse,
+    until_disconnect,
+)
+from tgictl.runtime.router.http.schemas_openai import SamplingFields
+from tgictl.runtime.router.request import EndEvent, ErrorEvent, TokenEvent
+from tgictl.runtime.router.scheduling.event_channel import EventChannel
+from tgictl.runtime.router.service import Admission, RouterService
+from tgictl.runtime.router.validation import GenerationInput
+
+
+class ClientBatchSizeError(TgictlError):
+    http_status = 422
+    error_type = "batch size exceeded"  # TGI's words
+
+
+@dataclass
+class Job:
+    """One choice: which prompt it answers, its index among all choices, its request."""
+
+    prompt: int
+    index: int
+    request: GenerationInput
+
+
+def fingerprint() -> str:
+    return f"{__version__}-native"
+
+
+async def start_jobs(service: RouterService, jobs: list[Job]) -> tuple[list[Admission], list[Any]]:
+    """Permits then validation for every job; on any failure, release what was taken."""
+    admissions: list[Admission] = []
+    try:
+        for _ in jobs:
+            admissions.append(service.admit())
+        validated = [await service.validate(a, job.request) for a, job in zip(admissions, jobs)]
+    except BaseException:
+        for admission in admissions:
+            admission.release()
+        raise
+    return admissions, validated
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _prompt_tokens(jobs: list[Job], ends: dict[int, EndEvent]) -> int:
+    """Each prompt counts once, however many choices it has."""
+    seen: dict[int, int] = {}
+    for job in jobs:
+        if job.index in ends:
+            seen[job.prompt] = ends[job.index].input_length
+    return sum(seen.values())
+
+
+class OpenAIRun:
+    """What one OpenAI call shares between its choices."""
+
+    def __init__(self, service: RouterService, kind: str, obj: str) -> None:
+        self.service = service
+        self.id = f"{kind}-{uuid.uuid4().hex}"
+        self.object = obj
+        self.created = int(time.time())
+        self.model = service.model_id
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": obj, "created": self.created, "model": self.model,
+            "system_fingerprint": fingerprint(), "choices": choices, **extra,
+        }
+
+    async def respond(
+        self,
+        http: Request,
+        body: SamplingFields,
+        jobs: list[Job],
+        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any]],
+        final: Callable[[Job, Outcome], dict[str, Any]],
+        chunk_object: str,
+    ) -> Response:
+        admissions, validated = await start_jobs(self.service, jobs)
+        channel = self.service.open(admissions, validated)
+
+        def release() -> None:
+            for admission in admissions:
+                admission.release()
+
+        if body.stream:
+            events = self._events(jobs, channel, chunk, chunk_object, body.include_usage())
+            return SSEResponse(events, on_close=release)
+        try:
+            outcomes = await until_disconnect(http, collect_all(channel))
+        finally:
+            release()
+        if outcomes is None:
+            return Response(status_code=499)
+        ends = {job.index: o.end for job, o in zip(jobs, outcomes)}
+        usage = _usage(_prompt_tokens(jobs, ends), sum(o.end.generated_tokens for o in outcomes))
+        choices = [final(job, o) for job, o in zip(jobs, outcomes)]
+        return TgiJSONResponse(self.envelope(self.object, choices, usage=usage))
+
+    async def _events(
+        self,
+        jobs: list[Job],
+        channel: EventChannel,
+        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any]],
+        chunk_object: str,
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
+        ends: dict[int, EndEvent] = {}
+        usage_key = {"usage": None} if include_usage else {}
+        try:
+            while not channel.done:
+                item = await channel.next(KEEP_ALIVE_S)
+                if item is None:
+                    yield KEEP_ALIVE
+                    continue
+                i, event = item
+                if isinstance(event, ErrorEvent):
+                    err = event.error
+                    yield sse({"error": {"message": err.message, "type": err.error_type,
+                                         "http_status_code": err.http_status}})
+                    yield sse("[DONE]")
+                    return
+                if isinstance(event, (TokenEvent, EndEvent)):
+                    if isinstance(event, EndEvent):
+                        ends[jobs[i].index] = event
+                    yield sse(self.envelope(chunk_object, [chunk(jobs[i], event)], **usage_key))
+            if include_usage:
+                completion = sum(e.generated_tokens for e in ends.values())
+                yield sse(self.envelope(chunk_object, [], usage=_usage(_prompt_tokens(jobs, ends), completion)))
+            yield sse("[DONE]")
+        finally:
+            channel.close()

@@ -1,0 +1,109 @@
+"""HTTP plumbing the routes share: JSON without NaN, SSE framing, TGI's error body, and running a
+request's work while watching for the client to leave."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from tgictl.errors import TgictlError
+
+T = TypeVar("T")
+
+
+def finite(value: Any) -> Any:
+    """Non-finite floats become None (JSON null), recursively: TGI's first prefill logprob is NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(content: Any) -> str:
+    return json.dumps(finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+class TgiJSONResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return dumps(content).encode("utf-8")
+
+
+def error_body(err: TgictlError) -> dict[str, str]:
+    return {"error": err.message, "error_type": err.error_type}
+
+
+def error_response(err: TgictlError, headers: dict[str, str] | None = None) -> TgiJSONResponse:
+    return TgiJSONResponse(error_body(err), status_code=err.http_status, headers=headers)
+
+
+def sse(data: Any) -> str:
+    """One server-sent event: `data: {json}\\n\\n` (str data is sent as is, e.g. [DONE])."""
+    return f"data: {data if isinstance(data, str) else dumps(data)}\n\n"
+
+
+# axum's SSE keep-alive period: the streaming routes send the comment whenever this passes without an
+# event (EventChannel.next's timeout), so proxies see traffic while a request waits in the queue.
+KEEP_ALIVE_S = 15.0
+KEEP_ALIVE = ": keep-alive\n\n"  # an SSE comment; clients ignore it
+
+
+class SSEResponse(StreamingResponse):
+    """A streaming response that always closes its body iterator and runs `on_close`, even when the
+    client left before the first byte (Starlette would then never start the iterator)."""
+
+    def __init__(
+        self, body: AsyncGenerator[str, None], on_close: Callable[[], None], headers: dict[str, str] | None = None
+    ) -> None:
+        all_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+        super().__init__(body, media_type="text/event-stream", headers=all_headers)
+        self._body = body
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                # A body cancelled inside a read has ended already; one never started or paused at a
+                # yield is closed here, which runs its cleanup (closing its EventChannel).
+                if not self._body.ag_running:
+                    await self._body.aclose()
+            finally:
+                self._on_close()
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """Await `work` unless the client disconnects first; then cancel it (which cancels its
+    generation) and return None. The body was read already, so the next ASGI message is the
+    disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task})
+        return None
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

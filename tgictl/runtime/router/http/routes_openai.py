@@ -1,0 +1,161 @@
+"""OpenAI's routes (TGI's router/src/lib.rs ChatRequest, CompletionRequest): POST /v1/chat/completions and /v1/completions.
+
+Every choice (n per prompt) is one request with its own permit, run concurrently (openai_run.py).
+Finish reasons are OpenAI's only ("stop", "length"), and stop strings are not in
+the text, streamed or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from tgictl.errors import ValidationError
+from tgictl.runtime.router.http.openai_choices import (
+    ClientBatchSizeError,
+    Job,
+    OpenAIRun,
+)
+from tgictl.runtime.router.http.outcome import OPENAI_FINISH_REASONS, Outcome
+from tgictl.runtime.router.http.schemas_openai import ChatRequest, CompletionRequest
+from tgictl.runtime.router.request import EndEvent, TokenEvent, TokenInfo
+from tgictl.runtime.router.service import RouterService
+
+
+def _openai_logprob(token: TokenInfo, top: Sequence[TokenInfo]) -> dict[str, Any]:
+    return {
+        "token": token.text,
+        "logprob": token.logprob,
+        "bytes": list(token.text.encode("utf-8")),
+        "top_logprobs": [
+            {"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode("utf-8"))} for t in top
+        ],
+    }
+
+
+def _legacy_logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenInfo]], offset: int) -> dict[str, Any]:
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token.text)
+    return {
+        "tokens": [t.text for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [{t.text: t.logprob for t in top} for top in tops],
+        "text_offset": offsets,
+    }
+
+
+def continue_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
+    """A conversation ending with an assistant message is continued, not answered (TGI): the
+    rendered prompt stops right after that message's content, without its end-of-turn."""
+    last = messages[-1]
+    content = last.get("content")
+    if last.get("role") != "assistant" or not isinstance(content, str) or not content:
+        return text
+    end = text.rfind(content)
+    return text if end < 0 else text[: end + len(content)].rstrip()
+
+
+def _check_choices(service: RouterService, count: int) -> None:
+    limit = service.config.max_client_batch_size
+    if count > limit:
+        raise ClientBatchSizeError(
+            f"Number of choices (prompts x n) exceeds the maximum allowed batch size of {limit}. Given: {count}"
+        )
+
+
+def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
+    router = APIRouter(tags=["OpenAI"])
+    protected = [Depends(auth)]
+
+    @router.post("/v1/chat/completions", dependencies=protected)
+    async def chat_completions(body: ChatRequest, http: Request) -> Response:
+        """OpenAI chat completions: the model's chat template, n choices, logprobs, streaming."""
+        body.check_supported()
+        if body.n < 1:
+            raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
+        _check_choices(service, body.n)
+        messages = [m.template_dict() for m in body.messages]
+        text = continue_final_message(await service.render_chat(messages, body.tools), messages)
+        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        jobs = [
+            Job(0, i, body.generation_input(text, max_new_tokens=body.max_new_tokens(), top_n_tokens=top_n,
+                                            choice=i, add_special_tokens=False))
+            for i in range(body.n)
+        ]
+        run = OpenAIRun(service, "chatcmpl", "chat.completion")
+        started: set[int] = set()
+
+        def logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenInfo]]) -> dict[str, Any] | None:
+            if not body.logprobs:
+                return None
+            return {"content": [_openai_logprob(t, top) for t, top in zip(tokens, tops)]}
+
+        def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any]:
+            delta: dict[str, Any] = {"content": event.content}
+            if job.index not in started:
+                started.add(job.index)
+                delta = {"role": "assistant", **delta}
+            reason = OPENAI_FINISH_REASONS[event.finish_reason] if isinstance(event, EndEvent) else None
+            return {"index": job.index, "delta": delta, "logprobs": logprobs([event.token], [event.top_tokens]),
+                    "finish_reason": reason}
+
+        def final(job: Job, outcome: Outcome) -> dict[str, Any]:
+            return {
+                "index": job.index,
+                "message": {"role": "assistant", "content": outcome.end.generated_text},
+                "logprobs": logprobs(outcome.tokens, outcome.top_tokens),
+                "finish_reason": OPENAI_FINISH_REASONS[outcome.end.finish_reason],
+            }
+
+        return await run.respond(http, body, jobs, chunk, final, "chat.completion.chunk")
+
+    @router.post("/v1/completions", dependencies=protected)
+    async def completions(body: CompletionRequest, http: Request) -> Response:
+        """OpenAI (legacy) completions: a prompt or a list of prompts, n choices each."""
+        if body.suffix is not None:
+            raise ValidationError("`suffix` is not supported")
+        if body.echo:
+            raise ValidationError("`echo` is not supported")
+        prompts = body.prompts()
+        if not prompts:
+            raise ValidationError("`prompt` cannot be empty")
+        if body.n < 1:
+            raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
+        _check_choices(service, len(prompts) * body.n)
+        top_n = body.logprobs
+        jobs = [
+            Job(p, p * body.n + i, body.generation_input(prompt, max_new_tokens=body.max_tokens, top_n_tokens=top_n,
+                                                        choice=i, add_special_tokens=True))
+            for p, prompt in enumerate(prompts)
+            for i in range(body.n)
+        ]
+        run = OpenAIRun(service, "cmpl", "text_completion")
+        offsets: dict[int, int] = {}
+
+        def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any]:
+            reason = OPENAI_FINISH_REASONS[event.finish_reason] if isinstance(event, EndEvent) else None
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = _legacy_logprobs([event.token], [event.top_tokens], offsets.get(job.index, 0))
+                offsets[job.index] = offsets.get(job.index, 0) + len(event.token.text)
+            return {"index": job.index, "text": event.content, "logprobs": logprobs, "finish_reason": reason}
+
+        def final(job: Job, outcome: Outcome) -> dict[str, Any]:
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = _legacy_logprobs(outcome.tokens, outcome.top_tokens, 0)
+            return {
+                "index": job.index,
+                "text": outcome.end.generated_text,
+                "logprobs": logprobs,
+                "finish_reason": OPENAI_FINISH_REASONS[outcome.end.finish_reason],
+            }
+
+        return await run.respond(http, body, jobs, chunk, final, "text_completion")
+
+    return router

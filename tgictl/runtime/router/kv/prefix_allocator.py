@@ -1,0 +1,180 @@
+"""Prefix-caching block allocator (TGI's RadixAllocator, block granular).
+
+`allocate` looks the prompt up in a RadixTrie, reuses the longest cached block-aligned prefix and
+pins its node for the life of the allocation; the rest comes from the free list, evicting least
+recently used unpinned prefixes when the list runs dry. `free` publishes the full blocks of the
+tokens the caller says were computed (docs/architecture.md, "Decisions": Publish only computed KV: never blocks whose KV is unknown) and
+returns everything else to the free list.
+
+Block ownership at any time: free list | trie node (cached, maybe pinned) | allocation suffix
+(the blocks after its cached prefix). Exactly one owner per block; check_integrity proves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tgictl.errors import AllocatorError, AllocatorIntegrityError
+from tgictl.runtime.router.kv.block_allocator import (
+    BlockAllocation,
+    BlockAllocator,
+    BlockPool,
+    KvAllocator,
+    check_allocate_args,
+    check_block_ownership,
+    check_computed_tokens,
+    slots_for,
+)
+from tgictl.runtime.router.kv.radix_trie import RadixTrie, TrieNode
+
+__all__ = ["RadixAllocator", "RadixTrie", "TrieNode", "create_allocator"]
+
+
+def create_allocator(num_blocks: int, block_size: int, prefix_caching: bool) -> KvAllocator:
+    """The allocator for the prefix-caching setting. `num_blocks` counts reserved block 0 (TGI:
+    max_batch_total_tokens // block_size)."""
+    if prefix_caching:
+        return RadixAllocator(num_blocks, block_size)
+    return BlockAllocator(num_blocks, block_size)
+
+
+class _Live:
+    """What free() needs to know about a live allocation."""
+
+    __slots__ = ("node", "prefix_blocks", "prompt", "blocks")
+
+    def __init__(
+        self, node: TrieNode, prefix_blocks: int, prompt: tuple[int, ...] | None,
+        blocks: tuple[int, ...],
+    ) -> None:
+        self.node = node  # pinned trie node (the root when nothing was cached)
+        self.prefix_blocks = prefix_blocks  # blocks[:prefix_blocks] belong to the trie
+        self.prompt = prompt  # the prefill key, None when the caller skipped the cache
+        self.blocks = blocks
+
+
+class RadixAllocator(BlockPool):
+    """KvAllocator with prefix caching. See the module docstring."""
+
+    prefix_caching = True
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self._trie = RadixTrie(block_size)
+        self._live: dict[int, _Live] = {}
+        self._suffix_blocks = 0  # blocks owned by allocations outright (not via the trie)
+        self._next_id = 1
+
+    @property
+    def trie(self) -> RadixTrie:
+        """The cache itself, for inspection (tests, debugging); mutate it only via the allocator."""
+        return self._trie
+
+    @property
+    def cached_blocks(self) -> int:
+        return self._trie.evictable_blocks
+
+    @property
+    def used_blocks(self) -> int:
+        return self._suffix_blocks + self._trie.pinned_blocks
+
+    @property
+    def num_allocations(self) -> int:
+        return len(self._live)
+
+    def allocate(self, tokens: int, prefill_tokens: Sequence[int] | None) -> BlockAllocation | None:
+        check_allocate_args(tokens, prefill_tokens)
+        trie, bs = self._trie, self._block_size
+        prompt = None if prefill_tokens is None else tuple(prefill_tokens)
+        if prompt:
+            node, blocks = trie.find(prompt)
+        else:
+            node, blocks = trie.root, []
+        # Pin before measuring what is evictable, so the prefix we are about to use is not.
+        trie.pin(node)
+        prefix_blocks = len(blocks)
+        need = -(-(tokens - prefix_blocks * bs) // bs)  # blocks_for, inlined: this is per request
+        free = self._free
+        short = need - len(free)
+        if short > 0:
+            # Unlike TGI, evict only when that makes the allocation fit: a failing request
+            # should not flush the cache.
+            if short > trie.evictable_blocks:
+                trie.unpin(node)
+                return None
+            free.extend(trie.evict(short))
+        if need:  # free[-0:] would be the whole list
+            blocks.extend(free[-need:])
+            del free[-need:]
+        allocation_id = self._next_id
+        self._next_id += 1
+        block_tuple = tuple(blocks)
+        self._live[allocation_id] = _Live(node, prefix_blocks, prompt, block_tuple)
+        self._suffix_blocks += need
+        # With 1-token blocks there is exactly one block per token: slots are the blocks.
+        slots = block_tuple if bs == 1 else slots_for(block_tuple, bs, tokens)
+        return BlockAllocation(allocation_id, block_tuple, slots, prefix_blocks * bs)
+
+    def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
+        live = self._live.get(allocation.allocation_id)
+        if live is None or live.blocks != allocation.blocks:
+            raise AllocatorError(
+                f"free: allocation {allocation.allocation_id} is not live (double free or foreign)"
+            )
+        computed = tuple(computed_tokens) if computed_tokens else ()
+        check_computed_tokens(allocation, computed, live.prompt)
+        del self._live[allocation.allocation_id]
+        trie, bs, blocks, free = self._trie, self._block_size, live.blocks, self._free
+        trie.unpin(live.node)
+        prefix = live.prefix_blocks
+        self._suffix_blocks -= len(blocks) - prefix
+        full = len(computed) // bs  # only whole blocks can be looked up later
+        if full <= prefix:
+            free.extend(blocks[prefix:])
+            return
+        # Nothing ran between unpin and insert, so the trie still holds our prefix and
+        # `present` covers it; blocks in [prefix, present) were published meanwhile by an
+        # overlapping request and ours are duplicates.
+        present = trie.insert(computed[: full * bs], blocks[:full]) // bs
+        if present < prefix:
+            raise AllocatorIntegrityError(
+                f"allocation {allocation.allocation_id}'s cached prefix vanished from the trie"
+            )
+        free.extend(blocks[prefix:present])
+        free.extend(blocks[full:])  # partial last block and generated tokens are never cached
+
+    def check_integrity(self) -> None:
+        trie = self._trie
+        trie.check_integrity()
+        owners: list[tuple[str, Sequence[int]]] = [("free list", self._free)]
+        owners += [(f"trie node {n.node_id}", n.blocks) for n in trie.nodes()]
+        pins: dict[int, int] = {}
+        suffix = 0
+        for aid, live in self._live.items():
+            owners.append((f"allocation {aid}", live.blocks[live.prefix_blocks :]))
+            suffix += len(live.blocks) - live.prefix_blocks
+            path = trie.path_blocks(live.node)
+            if list(live.blocks[: live.prefix_blocks]) != path[: live.prefix_blocks]:
+                raise AllocatorIntegrityError(
+                    f"allocation {aid}'s prefix blocks differ from its pinned trie path"
+                )
+            if 0 in live.blocks:
+                raise AllocatorIntegrityError(f"allocation {aid} holds reserved block 0")
+            pins[id(live.node)] = pins.get(id(live.node), 0) + 1
+        check_block_ownership(self._num_blocks, owners)
+        for node in trie.nodes():
+            direct = node.ref_count - len(node.children)
+            if direct != pins.pop(id(node), 0):
+                raise AllocatorIntegrityError(f"{node!r}: {direct} pins, allocations disagree")
+        pins.pop(id(trie.root), None)
+        if pins:
+            raise AllocatorIntegrityError(f"{len(pins)} allocations pin nodes outside the trie")
+        if suffix != self._suffix_blocks:
+            raise AllocatorIntegrityError(
+                f"allocations own {suffix} blocks outright, tracked {self._suffix_blocks}"
+            )
+        counts = (self.used_blocks, self.cached_blocks, self.free_blocks)
+        if sum(counts) != self.total_blocks:
+            raise AllocatorIntegrityError(
+                f"used {counts[0]} + cached {counts[1]} + free {counts[2]} != {self.total_blocks}"
+            )

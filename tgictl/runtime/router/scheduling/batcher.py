@@ -1,0 +1,218 @@
+"""The continuous-batching task: one asyncio task owns every in-flight request (docs/architecture.md,
+"Scheduling").
+
+Each step is one forward on the shards: a Prefill when waiting requests can be admitted (it carries
+the running batch, which the shard concatenates into one mixed forward of prompt chunks and decode
+rows), else a Decode. Finished, stopped and disconnected requests leave the batch before the next
+step; their blocks go back to the allocator, with only computed tokens published. A request whose
+round ended with tokens still owed is queued again at the head (see entry.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tgictl.errors import GenerationError, TgictlError
+from tgictl.proto.messages import Batch, CachedBatch, StepResult
+from tgictl.runtime.router.kv.block_allocator import KvAllocator
+from tgictl.runtime.router.request import ErrorEvent, ValidatedRequest
+from tgictl.runtime.router.scheduling.entry import Entry, TokenTexts
+from tgictl.runtime.router.scheduling.event_channel import EventChannel
+from tgictl.runtime.router.scheduling.queue import NextBatch, Queue
+
+log = logging.getLogger(__name__)
+
+
+class ShardClient(Protocol):
+    """The calls the batcher makes; ShardedClient implements them over gRPC."""
+
+    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult: ...
+
+    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult: ...
+
+    async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch: ...
+
+    async def clear_cache(self, batch_id: int | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    max_batch_prefill_tokens: int
+    max_batch_total_tokens: int
+    max_batch_size: int | None = None
+
+
+class Batcher:
+    def __init__(
+        self,
+        client: ShardClient,
+        queue: Queue,
+        allocator: KvAllocator,
+        texts: TokenTexts,
+        config: BatcherConfig,
+        on_error: Callable[[TgictlError], None] = lambda err: None,
+    ) -> None:
+        self._client = client
+        self._queue = queue
+        self._allocator = allocator
+        self._texts = texts
+        self._config = config
+        self._on_error = on_error
+        self._states: dict[int, Entry] = {}  # in flight, by the id of their current round
+        self._wakeup = asyncio.Event()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._states)
+
+    def enqueue(self, entry: Entry) -> int:
+        request_id = self._queue.append(entry)
+        self._wakeup.set()
+        return request_id
+
+    def submit(self, requests: Sequence[ValidatedRequest], max_new_tokens_per_round: int | None = None) -> EventChannel:
+        """Queue one Entry per request; their events arrive in the returned channel."""
+        channel = EventChannel(len(requests), on_cancel=self.notify)
+        for sink, request in zip(channel.sinks, requests):
+            self.enqueue(Entry(request, sink.send, sink.is_cancelled, max_new_tokens_per_round=max_new_tokens_per_round))
+        return channel
+
+    def notify(self) -> None:
+        """Something changed outside (a client left): let an idle loop look at the queue."""
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            try:
+                await self._serve_until_idle()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # a bug must not leave clients hanging: fail what is in flight
+                log.exception("batching loop failed; failing %d in-flight requests", len(self._states))
+                await self._fail([], list(self._states), GenerationError(f"Server error: {err}"))
+                await self._clear_all()
+
+    async def _clear_all(self) -> None:
+        try:
+            await self._client.clear_cache(None)
+        except TgictlError as err:
+            log.error("clear_cache(all) failed: %s", err)
+
+    async def _serve_until_idle(self) -> None:
+        self._queue.drop_cancelled()
+        running: CachedBatch | None = None
+        while True:
+            running, admitted = await self._admit(running)
+            if admitted:
+                continue  # that Prefill already advanced every running request by one step
+            if running is None:
+                return
+            running = await self._decode(running)
+
+    async def _admit(self, running: CachedBatch | None) -> tuple[CachedBatch | None, bool]:
+        """Try to start waiting requests beside the running ones; returns the batch to go on with."""
+        config = self._config
+        self._queue.drop_cancelled()
+        size = running.size if running is not None else 0
+        max_size = None if config.max_batch_size is None else config.max_batch_size - size
+        token_budget = config.max_batch_total_tokens - (running.max_tokens if running is not None else 0)
+        prefill_budget = config.max_batch_prefill_tokens - (running.current_tokens if running is not None else 0)
+        nb = self._queue.next_batch(max_size, prefill_budget, token_budget)
+        if nb is None:
+            return running, False
+        return await self._prefill(nb, running), True
+
+    async def _prefill(self, nb: NextBatch, cached: CachedBatch | None) -> CachedBatch | None:
+        for request_id, entry in nb.entries.items():
+            entry.start(self._texts)
+            self._states[request_id] = entry
+        affected = list(nb.entries) + (list(cached.request_ids) if cached is not None else [])
+        try:
+            result = await self._client.prefill(nb.batch, cached)
+        except Exception as err:  # noqa: BLE001 - any failure of one step fails only that step's requests
+            await self._fail([nb.batch.id] + ([cached.id] if cached else []), affected, _as_error(err))
+            return None
+        return await self._apply(result)
+
+    async def _decode(self, running: CachedBatch) -> CachedBatch | None:
+        try:
+            result = await self._client.decode([running])
+        except Exception as err:  # noqa: BLE001 - see _prefill
+            await self._fail([running.id], list(running.request_ids), _as_error(err))
+            return None
+        return await self._apply(result)
+
+    async def _apply(self, result: StepResult) -> CachedBatch | None:
+        """Route generations to their clients, end what finished, and filter the shard batch."""
+        for generation in result.generations:
+            entry = self._states.get(generation.request_id)
+            if entry is None:
+                continue  # already ended by the router (stop string, disconnect) in an earlier step
+            if entry.is_cancelled():
+                self._finish(entry)
+                continue
+            entry.on_generation(generation)
+            if entry.finished or entry.continues:
+                self._finish(entry)
+        cached = result.batch
+        if cached is None:
+            return None
+        for request_id in cached.request_ids:
+            entry = self._states.get(request_id)
+            if entry is not None and entry.is_cancelled():
+                self._finish(entry)
+        kept = [rid for rid in cached.request_ids if rid in self._states]
+        if len(kept) == cached.size:
+            return cached
+        try:
+            if not kept:
+                await self._client.clear_cache(cached.id)
+                return None
+            return await self._client.filter_batch(cached.id, kept)
+        except Exception as err:  # noqa: BLE001 - see _prefill
+            await self._fail([cached.id], kept, _as_error(err))
+            return None
+
+    def _finish(self, entry: Entry) -> None:
+        """The entry leaves the running batch: its blocks are freed, computed tokens published; a
+        continuation goes back to the head of the queue as its next round."""
+        if entry.allocation is not None:
+            # Before leaving _states: should free() raise, run() still fails this entry's stream.
+            self._allocator.free(entry.allocation, entry.computed_tokens())
+            entry.allocation = None
+        self._states.pop(entry.id, None)
+        if entry.continues and not entry.is_cancelled():
+            entry.next_round()
+            self._queue.append(entry, first=True)
+
+    async def _fail(self, batch_ids: Sequence[int], request_ids: Sequence[int], err: TgictlError) -> None:
+        """A shard step failed: exactly its requests fail; their shard state is dropped; we go on."""
+        log.error("batch %s failed: %s", list(batch_ids), err)
+        self._on_error(err)
+        error = err if isinstance(err, GenerationError) else GenerationError(str(err))
+        for request_id in request_ids:
+            entry = self._states.pop(request_id, None)
+            if entry is None:
+                continue
+            entry.send(ErrorEvent(error=error))
+            if entry.allocation is not None:
+                # The KV of a failed batch is not trusted: nothing is published.
+                self._allocator.free(entry.allocation, None)
+                entry.allocation = None
+        for batch_id in batch_ids:
+            try:
+                await self._client.clear_cache(batch_id)
+            except TgictlError as clear_err:
+                log.error("clear_cache(%s) failed after a batch error: %s", batch_id, clear_err)
+
+
+def _as_error(err: Exception) -> TgictlError:
+    """A step's failure as the error its clients get: typed errors as they are, anything else (a
+    message that would not convert, a transport surprise) as a generation error naming it."""
+    return err if isinstance(err, TgictlError) else GenerationError(f"Server error: {type(err).__name__}: {err}")

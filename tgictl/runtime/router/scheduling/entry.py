@@ -1,0 +1,187 @@
+"""One request inside the scheduler, from the moment it is queued until its last event: the router's
+only per-request state (docs/architecture.md, "One request's path").
+
+An Entry turns the shard's generations into stream events (incremental text, stop strings: the
+router's half of stopping, "Decisions"), and runs the continuation of long generations: a round
+generates at most `max_new_tokens_per_round` tokens; when a round ends on length with tokens still
+owed, the same Entry goes back to the queue with its output appended to its prompt (ids, not text:
+nothing is re-tokenized). Its detokenizer, stop matcher, seed and timings carry over, so the client
+sees one seamless stream whatever the number of rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tgictl.proto.messages import FinishReason, Generation, Tokens
+from tgictl.runtime.router.kv.block_allocator import BlockAllocation
+from tgictl.runtime.router.request import (
+    EndEvent,
+    PrefillEvent,
+    StreamEvent,
+    TokenEvent,
+    TokenInfo,
+    ValidatedRequest,
+)
+from tgictl.runtime.router.text.detokenizer import Decoder, IncrementalDetokenizer
+from tgictl.runtime.router.text.stop_sequences import StopSequenceMatcher
+
+_U64 = 2**64
+_GOLDEN = 0x9E3779B97F4A7C15  # decorrelates the random streams of successive rounds
+
+
+@dataclass(frozen=True)
+class TokenTexts:
+    """How the router names tokens: the tokenizer plus its special ids."""
+
+    decoder: Decoder
+    special_ids: frozenset[int]
+
+    def info(self, token_id: int, logprob: float, text: str | None = None) -> TokenInfo:
+        if text is None:
+            text = self.decoder.decode([token_id], skip_special_tokens=False)
+        return TokenInfo(id=token_id, text=text, logprob=logprob, special=token_id in self.special_ids)
+
+    def infos(self, tokens: Tokens) -> tuple[TokenInfo, ...]:
+        return tuple(self.info(i, lp) for i, lp in zip(tokens.ids, tokens.logprobs))
+
+
+class Entry:
+    """Owned by the batching task. `request` is what validation produced; `round` is what the current
+    round asks of the shard (the prompt plus everything generated so far, after the first round)."""
+
+    def __init__(
+        self,
+        request: ValidatedRequest,
+        send: Callable[[StreamEvent], None],  # delivers an event to the client's stream
+        is_cancelled: Callable[[], bool],  # true once the client went away
+        max_new_tokens_per_round: int | None = None,  # None: the request's own round size
+    ) -> None:
+        self.request = request
+        self.round = request
+        self.send = send
+        self.is_cancelled = is_cancelled
+        self.queue_time = time.monotonic()
+        self.id = -1  # assigned by the queue, anew for every round
+        self.batch_time: float | None = None  # first scheduled (every round counts from here)
+        self.allocation: BlockAllocation | None = None
+        self.generated_ids: list[int] = []  # across all rounds
+        self.finished = False
+        self._per_round = max_new_tokens_per_round or request.max_new_tokens
+        self._rounds = 0
+        self._texts: TokenTexts | None = None
+        self._detokenizer: IncrementalDetokenizer | None = None
+        self._stops = StopSequenceMatcher(request.stop_sequences)
+        self._content: list[str] = []
+        self._round_tokens = 0  # generated in the current round
+        self._continues = False
+
+    def start(self, texts: TokenTexts) -> None:
+        """The batcher schedules this entry (again): reset what a round counts."""
+        if self._detokenizer is None:
+            self._texts = texts
+            self._detokenizer = IncrementalDetokenizer(texts.decoder, self.request.input_ids)
+        self._round_tokens = 0
+        self._continues = False
+
+    @property
+    def prompt_computed(self) -> bool:
+        """True once the shard produced a token this round: all of the round's prompt KV exists."""
+        return self._round_tokens > 0
+
+    @property
+    def continues(self) -> bool:
+        """The round ended on length with tokens still owed: the batcher queues the next round."""
+        return self._continues
+
+    def on_generation(self, generation: Generation) -> None:
+        """Route one generation to the client; sets `finished` when the request ended, or
+        `continues` when only this round did."""
+        texts, detokenizer = self._texts, self._detokenizer
+        assert texts is not None and detokenizer is not None, "start() comes first"
+        send = self.send
+        if generation.prefill_tokens is not None and not self.generated_ids:
+            send(PrefillEvent(tokens=texts.infos(generation.prefill_tokens)))
+        tokens = generation.tokens
+        for index, (token_id, logprob) in enumerate(zip(tokens.ids, tokens.logprobs)):
+            self.generated_ids.append(token_id)
+            self._round_tokens += 1
+            top = texts.infos(generation.top_tokens[index]) if generation.top_tokens else ()
+            piece = detokenizer.add(token_id)
+            token = texts.info(token_id, logprob, piece)
+            visible = "" if token.special else piece
+            check = self._stops.feed(visible)
+            self._content.append(check.emit)
+            last = index == len(tokens.ids) - 1
+            if check.matched is not None:
+                self._end(token, top, check.emit, FinishReason.STOP_SEQUENCE, check.matched)
+                return
+            done = generation.generated_text if last else None
+            if done is not None and self._next_round_budget(done.finish_reason) > 0:
+                self._continues = True  # this round's last token is an ordinary token of the one stream
+            elif done is not None:
+                tail = self._stops.feed(detokenizer.flush()).emit + self._stops.flush()
+                self._content.append(tail)
+                self._end(token, top, check.emit + tail, done.finish_reason, None)
+                return
+            send(TokenEvent(token=token, top_tokens=top, content=check.emit))
+
+    def _next_round_budget(self, reason: FinishReason) -> int:
+        if reason != FinishReason.LENGTH:
+            return 0
+        return min(self.request.total_new_tokens - len(self.generated_ids), self._per_round)
+
+    def next_round(self) -> None:
+        """Become the next round's request: the output so far joins the prompt; prompt logprobs were
+        the first round's; a sampling seed is decorrelated per round (the shard's random stream is
+        keyed by (seed, step), and steps count from 0 in every round)."""
+        self._rounds += 1
+        original = self.request
+        sampling = original.sampling
+        if sampling.samples:
+            sampling = dataclasses.replace(sampling, seed=(sampling.seed + self._rounds * _GOLDEN) % _U64)
+        self.round = dataclasses.replace(
+            original,
+            input_ids=original.input_ids + tuple(self.generated_ids),
+            sampling=sampling,
+            max_new_tokens=self._next_round_budget(FinishReason.LENGTH),
+            max_total_new_tokens=None,
+            decoder_input_details=False,
+        )
+        self._continues = False
+
+    def _end(
+        self, token: TokenInfo, top: Sequence[TokenInfo], content: str, reason: FinishReason, stop: str | None
+    ) -> None:
+        now = time.monotonic()
+        started = self.batch_time if self.batch_time is not None else now
+        self.finished = True
+        sampling = self.request.sampling
+        self.send(
+            EndEvent(
+                token=token,
+                top_tokens=tuple(top),
+                content=content,
+                generated_text="".join(self._content),
+                finish_reason=reason,
+                generated_tokens=len(self.generated_ids),
+                seed=sampling.seed if sampling.samples else None,
+                stop_sequence=stop,
+                input_length=self.request.input_length,
+                queued_s=started - self.queue_time,
+                inference_s=now - started,
+            )
+        )
+
+    def computed_tokens(self) -> tuple[int, ...] | None:
+        """Tokens whose KV is known to be complete: what the prefix cache may publish. The round's
+        prompt once the shard produced a token; at a round boundary also every generated token but
+        the last (sampled, never fed back), so that the next round's prefill finds them cached."""
+        if not self.prompt_computed:
+            return None
+        if self._continues:
+            return self.request.input_ids + tuple(self.generated_ids[:-1])
+        return self.round.input_ids

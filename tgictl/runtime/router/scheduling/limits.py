@@ -1,0 +1,128 @@
+"""Start-up limits: the warmup batch the router sends and the limits it derives from the answer,
+as TGI does (its launcher's derived limits, the router's warmup batch, FlashCausalLM.warmup). Pure functions, so every rule is unit-tested without a shard."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tgictl.config import RouterConfig
+from tgictl.errors import ConfigError
+from tgictl.proto.messages import (
+    Batch,
+    Info,
+    Request,
+    SamplingParams,
+    StoppingParams,
+    WarmupRequest,
+    WarmupResult,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096  # TGI's fallback when no FLOPs estimate exists
+
+# TGI's probe: every processor switched on, so warmup exercises the slowest sampling path.
+_WARMUP_SAMPLING = SamplingParams(
+    temperature=0.9, top_k=10, top_p=0.9, typical_p=0.9, do_sample=False, seed=0,
+    repetition_penalty=1.2, frequency_penalty=0.1,
+)
+
+
+@dataclass(frozen=True)
+class RouterLimits:
+    max_input_tokens: int
+    max_total_tokens: int
+    max_batch_prefill_tokens: int
+    max_batch_total_tokens: int  # KV tokens the shards hold (warmup), at most the user's value
+    max_batch_size: int | None
+    num_blocks: int  # allocator blocks, reserved block 0 included
+
+
+def max_batch_prefill_tokens(config: RouterConfig, info: Info) -> int:
+    """The user's value, else TGI's default clamped to the model's positions; without chunking a
+    whole prompt must fit one prefill, so never below max_input_tokens."""
+    if config.max_batch_prefill_tokens is not None:
+        return config.max_batch_prefill_tokens
+    value = min(DEFAULT_MAX_BATCH_PREFILL_TOKENS, info.max_position_embeddings)
+    if config.max_input_tokens is not None and not info.support_chunking:
+        value = max(value, config.max_input_tokens)
+    return value
+
+
+def warmup_request(config: RouterConfig, info: Info, token_id: int, max_prefill_tokens: int) -> WarmupRequest:
+    """Requests of one repeated token id until they fill max_prefill_tokens (or max_batch_size), as
+    TGI 1.4 builds its warmup batch; no blocks, the shard assigns them for the probe."""
+    requests: list[Request] = []
+    n_tokens = 0
+    per_request = config.max_input_tokens if config.max_input_tokens is not None else max_prefill_tokens
+    while n_tokens < max_prefill_tokens and (config.max_batch_size is None or len(requests) < config.max_batch_size):
+        truncate = min(per_request, max_prefill_tokens - n_tokens)
+        max_new = config.max_total_tokens - truncate if config.max_total_tokens is not None else 1
+        requests.append(
+            Request(
+                id=len(requests),
+                input_ids=(token_id,) * truncate,
+                sampling=_WARMUP_SAMPLING,
+                stopping=StoppingParams(max_new_tokens=max(max_new, 1), ignore_eos=True),
+                prefill_logprobs=True,
+                top_n_tokens=20,
+            )
+        )
+        n_tokens += truncate
+    batch = Batch(id=0, requests=tuple(requests), max_tokens=config.max_input_tokens or 0)
+    return WarmupRequest(
+        batch=batch,
+        max_prefill_tokens=max_prefill_tokens,
+        max_input_tokens=config.max_input_tokens,
+        max_total_tokens=config.max_total_tokens,
+    )
+
+
+def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_prefill_tokens: int) -> RouterLimits:
+    """Limits not given come from warmup; then the router-side checks of TGI's v3 main.rs."""
+    supported = warmup.max_supported_total_tokens
+    max_total = config.max_total_tokens if config.max_total_tokens is not None else warmup.max_total_tokens
+    max_input = config.max_input_tokens if config.max_input_tokens is not None else min(
+        warmup.max_input_tokens, max_total - 1
+    )
+    batch_total = supported
+    if config.max_batch_total_tokens is not None:
+        if config.max_batch_total_tokens > supported:
+            log.warning(
+                "--max-batch-total-tokens %d exceeds the %d KV tokens the shards hold; using %d",
+                config.max_batch_total_tokens, supported, supported,
+            )
+        batch_total = min(config.max_batch_total_tokens, supported)
+    if config.max_batch_prefill_tokens is None:
+        max_prefill_tokens = min(max_prefill_tokens, batch_total)  # a derived default bends to memory
+    if max_input >= max_total:
+        raise ConfigError(
+            f"`max_input_tokens` must be < `max_total_tokens`, got max_input_tokens={max_input} "
+            f"and max_total_tokens={max_total}"
+        )
+    if not info.support_chunking and max_input > max_prefill_tokens:
+        raise ConfigError(
+            f"`max_batch_prefill_tokens` must be >= `max_input_tokens` without prefill chunking, "
+            f"got max_batch_prefill_tokens={max_prefill_tokens} and max_input_tokens={max_input}"
+        )
+    if max_prefill_tokens > batch_total:
+        raise ConfigError(
+            f"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`, got "
+            f"max_batch_prefill_tokens={max_prefill_tokens} and max_batch_total_tokens={batch_total}"
+        )
+    if max_total > batch_total:
+        raise ConfigError(
+            f"Not enough memory to handle `max_total_tokens={max_total}`: the shards hold "
+            f"{batch_total} KV tokens (`max_batch_total_tokens`); lower --max-total-tokens"
+        )
+    if batch_total // info.block_size < 2:
+        raise ConfigError(f"the KV cache holds {batch_total} tokens: fewer than one usable block of {info.block_size}")
+    return RouterLimits(
+        max_input_tokens=max_input,
+        max_total_tokens=max_total,
+        max_batch_prefill_tokens=max_prefill_tokens,
+        max_batch_total_tokens=batch_total,
+        max_batch_size=config.max_batch_size,
+        num_blocks=batch_total // info.block_size,
+    )

@@ -1,0 +1,222 @@
+"""One generation step for a mixed batch: forward, vectorised sampling, stopping, generations.
+
+`generate_token` follows TGI's outline (TGI's FlashCausalLM.generate_token) for a batch whose rows may be prefilling a
+prompt chunk or decoding: one forward over every row's new tokens; the chooser picks a token for
+every row at once; rows still prefilling discard theirs (and, because a row's sampling step is its
+count of emitted tokens, no random draw is used up); the others count it, check stopping and emit a
+Generation. Afterwards the rows advance and the next chunk sizes are chosen within the prefill budget.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from tgictl.errors import ConfigError
+from tgictl.kernels.metadata import AttentionMetadata
+from tgictl.proto.messages import (
+    FinishReason,
+    GeneratedText,
+    Generation,
+    Timings,
+    Tokens,
+)
+from tgictl.runtime.shard.batch import RowState, ShardBatch, StepInputs
+from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.shard.kv_cache import KVCache
+from tgictl.runtime.shard.models.base import CausalLM
+from tgictl.runtime.shard.sampling.sampler import TokenHistory, top_n_tokens
+from tgictl.runtime.shard.sampling.stopping import finish_reason
+
+
+def next_chunk_lengths(rows: list[RowState], max_prefill_tokens: int | None) -> list[int]:
+    """Tokens each row computes in the next forward (TGI's flash_causal_lm.py chunking).
+
+    Decoding rows take 1 token each, charged up front; the rest of the budget goes to prefilling rows
+    from the newest (last) to the oldest, each getting at least 1 token so every row progresses.
+    """
+    lengths = [1] * len(rows)
+    budget = None if max_prefill_tokens is None else max_prefill_tokens - (len(rows) - 1)
+    for i in range(len(rows) - 1, -1, -1):
+        remaining = rows[i].prompt_len - rows[i].cache_len
+        if remaining > 0:
+            lengths[i] = remaining if budget is None else max(min(remaining, budget), 1)
+            if budget is not None:
+                budget -= lengths[i]
+    return lengths
+
+
+class ModelRunner:
+    """Runs steps of `ShardBatch`es on one rank's model and KV cache."""
+
+    def __init__(
+        self, model: CausalLM, kv_cache: KVCache, *, block_size: int, dist: DistContext, device: torch.device
+    ) -> None:
+        if kv_cache.block_size != block_size:
+            raise ConfigError(f"KV cache block_size {kv_cache.block_size} != runner block_size {block_size}")
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.dist = dist
+        self.device = device
+        self.vocab_size: int = model.config.vocab_size
+        self.eos_token_ids = frozenset(model.config.eos_token_ids)
+        self.max_prefill_tokens: int | None = None  # None: a prompt is computed in one forward
+
+    def set_max_prefill_tokens(self, tokens: int | None) -> None:
+        """The per-forward token budget later chunks are sized within (TGI's set_max_prefill_tokens)."""
+        if tokens is not None and tokens < 1:
+            raise ConfigError(f"max_prefill_tokens must be >= 1, got {tokens}")
+        self.max_prefill_tokens = tokens
+
+    def forward(self, inputs: StepInputs) -> Tensor:
+        """Logits [n, V] float32 at `inputs.logit_indices`; writes the new tokens' K/V."""
+        meta = AttentionMetadata.build(
+            inputs.cache_lens, inputs.new_lens, inputs.block_tables, self.block_size, self.device
+        )
+        with torch.inference_mode():
+            return self.model.forward(
+                inputs.input_ids, inputs.positions, inputs.slots, self.kv_cache, meta, inputs.logit_indices
+            )
+
+    def generate_token(self, batch: ShardBatch) -> tuple[list[Generation], ShardBatch | None, Timings]:
+        start = time.perf_counter_ns()
+        inputs = batch.step_inputs(self.device)
+        logits = self.forward(inputs)  # [n, V]
+        sample_logits = logits if inputs.sample_rows is None else logits.index_select(0, inputs.sample_rows)
+        rows = batch.rows
+        # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.
+        steps = torch.tensor([row.generated for row in rows], dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            chosen = batch.chooser(sample_logits, batch.history, steps)
+        emits = [row.cache_len + row.chunk_len >= row.prompt_len for row in rows]
+        # Every rank computes every row; only rank 0 reports (generate.proto), so only it needs the
+        # top-n lists and prompt logprobs. The others keep the rows' state in step.
+        reports = self.dist.rank == 0
+        top_n = [row.request.top_n_tokens if emit else 0 for row, emit in zip(rows, emits)]
+        top = top_n_tokens(chosen.log_probs, top_n) if reports and any(top_n) else None
+        prompt_lps = self._prompt_logprobs(logits, inputs, rows) if reports else {}
+        next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
+        next_lps: list[float] = chosen.logprobs.tolist()
+        forward_done = time.perf_counter_ns()
+
+        _count_emitted(batch.history, chosen.next_ids, emits)
+        generations: list[Generation] = []
+        finished: list[int] = []  # batch rows that stopped this step
+        for b, row in enumerate(rows):
+            if b in prompt_lps:
+                row.prompt_logprobs.extend(prompt_lps[b])  # type: ignore[union-attr]
+            row.cache_len += row.chunk_len
+            if not emits[b]:
+                continue
+            first = row.generated == 0
+            row.generated += 1
+            row.all_ids.append(next_ids[b])
+            stopping = row.request.stopping
+            reason = finish_reason(
+                row.generated, next_ids[b], stopping.max_new_tokens, stopping.ignore_eos, self.eos_token_ids
+            )
+            if reason is not None:
+                finished.append(b)
+            if reports:
+                top_tokens = () if top is None or not top_n[b] else (_tokens(top[b]),)
+                generations.append(_generation(row, next_lps[b], first, top_tokens, reason))
+        next_batch = _without_rows(batch, finished)
+        if next_batch is not None:
+            for row, length in zip(next_batch.rows, next_chunk_lengths(next_batch.rows, self.max_prefill_tokens)):
+                row.chunk_len = length
+        end = time.perf_counter_ns()
+        timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)
+        return generations, next_batch, timings
+
+    def _prompt_logprobs(self, logits: Tensor, inputs: StepInputs, rows: list[RowState]) -> dict[int, list[float]]:
+        """Raw-logit log-probabilities of each next prompt token, for rows that asked (TGI's FlashCausalLM.generate_token, prefill logprobs).
+
+        Logit row j of a chunk starting at position c predicts prompt token c + j + 1; the last row of
+        the prompt's final chunk predicts the first generated token instead and is left out.
+        """
+        if not inputs.prompt_spans:
+            return {}
+        logit_rows: list[int] = []
+        targets: list[int] = []
+        counts: dict[int, int] = {}
+        for b, first, n in inputs.prompt_spans:
+            row = rows[b]
+            stop = min(row.cache_len + n, row.prompt_len - 1)  # last predicted prompt position + 1
+            count = stop - row.cache_len
+            logit_rows.extend(range(first, first + count))
+            targets.extend(row.all_ids[row.cache_len + 1 : stop + 1])
+            counts[b] = count
+        index = torch.tensor(logit_rows, dtype=torch.int64, device=logits.device)
+        target = torch.tensor(targets, dtype=torch.int64, device=logits.device)
+        # [m, V] -> [m]: only the chosen column survives, but log_softmax needs the whole row.
+        values = torch.log_softmax(logits.index_select(0, index).float(), dim=-1).gather(1, target[:, None])[:, 0]
+        flat: list[float] = values.tolist()
+        out: dict[int, list[float]] = {}
+        at = 0
+        for b, count in counts.items():
+            out[b] = flat[at : at + count]
+            at += count
+        return out
+
+    def health(self) -> bool:
+        """A real one-token forward writing only block 0 (reserved for probes, docs/architecture.md, "Decisions": The router owns memory)."""
+        zeros = torch.zeros(1, dtype=torch.int64, device=self.device)
+        meta = AttentionMetadata.build([0], [1], [[0]], self.block_size, self.device)
+        with torch.inference_mode():
+            logits = self.model.forward(zeros, zeros, zeros, self.kv_cache, meta, zeros)
+        return bool(torch.isfinite(logits).all().item())
+
+
+def _without_rows(batch: ShardBatch, finished: list[int]) -> ShardBatch | None:
+    """The batch minus the rows that stopped this step; None when none is left.
+
+    Finished rows leave on the shard, so the cached batch never holds a request that cannot take
+    another step (a Decode of one would overrun its slots), and the router needs no FilterBatch round
+    trip when the only change is a request that stopped on EOS or max_new_tokens.
+    """
+    if not finished:
+        return batch
+    if len(finished) == batch.size:
+        return None
+    gone = set(finished)
+    return batch.filter([row.request.id for b, row in enumerate(batch.rows) if b not in gone])
+
+
+def _generation(
+    row: RowState, logprob: float, first: bool, top_tokens: tuple[Tokens, ...], reason: FinishReason | None
+) -> Generation:
+    """What `row` reports for the token it just appended to all_ids."""
+    request = row.request
+    prefill = None
+    if first and row.prompt_logprobs is not None:
+        prefill = Tokens(ids=request.input_ids, logprobs=tuple(row.prompt_logprobs))
+    done = None
+    if reason is not None:
+        seed = request.sampling.seed if request.sampling.samples else None
+        done = GeneratedText(generated_tokens=row.generated, finish_reason=reason, seed=seed)
+    return Generation(
+        request_id=request.id,
+        tokens=Tokens(ids=(row.all_ids[-1],), logprobs=(logprob,)),
+        prefill_tokens=prefill,
+        top_tokens=top_tokens,
+        generated_text=done,
+    )
+
+
+def _count_emitted(history: TokenHistory, next_ids: Tensor, emits: list[bool]) -> None:
+    """Add the emitted tokens to the penalty counts; a discarded chunk token is not part of the text."""
+    if all(emits):
+        history.append(next_ids)
+    elif history.counts is not None and any(emits):
+        # TokenHistory.append has no row mask, so the partial update goes to its counts directly.
+        rows = torch.tensor([b for b, emit in enumerate(emits) if emit], dtype=torch.int64, device=history.device)
+        history.counts[rows, next_ids.index_select(0, rows)] += 1.0
+
+
+def _tokens(entry: tuple[list[int], list[float]]) -> Tokens:
+    ids, logprobs = entry
+    return Tokens(ids=tuple(ids), logprobs=tuple(logprobs))
+
