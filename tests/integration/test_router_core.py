@@ -53,9 +53,11 @@ class RecordingClient:
         self.inner = inner
         self.prefills: list[Batch] = []
 
-    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
+    async def prefill(
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+    ) -> StepResult:
         self.prefills.append(batch)
-        return await self.inner.prefill(batch, cached)
+        return await self.inner.prefill(batch, cached, max_prefill_tokens)
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
         return await self.inner.decode(batches)
@@ -89,7 +91,7 @@ async def make_stack(socket_path: Path, tokenizer_dir: Path, prefill_tokens: int
     client = RecordingClient(inner)
     batcher = Batcher(
         client, Queue(allocator, block_size=BLOCK_SIZE), allocator, texts,
-        BatcherConfig(max_batch_prefill_tokens=prefill_tokens, max_batch_total_tokens=num_blocks * BLOCK_SIZE),
+        BatcherConfig(max_batch_prefill_tokens=prefill_tokens),
     )
     return Stack(client, allocator, batcher)
 

@@ -330,6 +330,8 @@ def prefill_request_to_pb(r: PrefillRequest) -> pb.PrefillRequest:
     m = pb.PrefillRequest(batch=batch_to_pb(r.batch))
     if r.cached_batch is not None:
         _fill_cached_batch(m.cached_batch, r.cached_batch)
+    if r.max_prefill_tokens is not None:
+        m.max_prefill_tokens = r.max_prefill_tokens
     return m
 
 
@@ -338,6 +340,7 @@ def prefill_request_from_pb(m: pb.PrefillRequest) -> PrefillRequest:
     return PrefillRequest(
         batch=batch_from_pb(m.batch),
         cached_batch=cached_batch_from_pb(m.cached_batch) if m.HasField("cached_batch") else None,
+        max_prefill_tokens=m.max_prefill_tokens if m.HasField("max_prefill_tokens") else None,
     )
 
 

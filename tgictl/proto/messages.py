@@ -199,6 +199,7 @@ class FilterBatchRequest:
 class PrefillRequest:
     batch: Batch
     cached_batch: CachedBatch | None = None  # chunking: concatenated before the new batch
+    max_prefill_tokens: int | None = None  # the router's budget for later chunks; None: unchanged
 
 
 @dataclass(frozen=True)

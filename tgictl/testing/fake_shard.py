@@ -1,6 +1,9 @@
 """A fake shard client for scheduling tests: it fabricates generations instead of running a model,
-but keeps real batch state (ids, chunked prompts, filter, concatenation) so the batcher's protocol use
-is checked. Token i of request r is `first_token + (r * 31 + i) % span`.
+but keeps batch state exactly as the real shard does (ids, chunked prompts with later chunks sized
+within the router's prefill budget by the same rule, CachedBatch's max_tokens in whole blocks and
+current_tokens as the next forward's tokens, filter, concatenation), so the batcher's protocol use is
+checked (tests/unit/testing/test_fake_shard.py compares it with the real runtime). Token i of request
+r is `first_token + (r * 31 + i) % span`.
 
 FakeServiceClient also answers the start-up and health calls, so a RouterService (and its HTTP app)
 runs in-process without a model: the tokens are FakeShard's arithmetic, everything else is real
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tgictl.errors import GenerationError
+from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.proto.messages import (
     Batch,
     CachedBatch,
@@ -32,7 +36,13 @@ from tgictl.proto.messages import (
 class _Live:
     request: Request
     prompt_done: int  # prompt tokens processed (cache_len counts as done)
+    chunk_len: int  # tokens the next forward computes (1 once decoding)
     generated: int = 0
+
+    @classmethod
+    def start(cls, request: Request) -> _Live:
+        remaining = len(request.input_ids) - request.cache_len
+        return cls(request, request.cache_len, request.chunk_len or remaining)
 
 
 @dataclass
@@ -40,29 +50,42 @@ class FakeShard:
     first_token: int
     span: int
     eos_token: int | None = None
+    block_size: int = 16
+    max_prefill_tokens: int | None = None  # the router's budget for later chunks (as Prefill sets it)
     fail_next: set[str] = field(default_factory=set)  # "prefill" / "decode": fail that call once
     batches: dict[int, list[_Live]] = field(default_factory=dict)
     calls: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     forwards: int = 0
+    peak_batch_size: int = 0  # the most requests one forward carried
+    cache_lens: list[int] = field(default_factory=list)  # of every prefilled request, in order
+    # When set: the tokens every request generates, by position after its first round's prompt of
+    # `script_prompt_len` tokens (so continuation rounds, whose prompts grow, carry on the same text).
+    script: tuple[int, ...] = ()
+    script_prompt_len: int = 0
 
     def token(self, request_id: int, index: int) -> int:
         return self.first_token + (request_id * 31 + index) % self.span
 
-    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
+    async def prefill(
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+    ) -> StepResult:
         await asyncio.sleep(0)  # an RPC yields to the event loop, as gRPC does
         self.calls.append(("prefill", tuple(r.id for r in batch.requests)))
         self._maybe_fail("prefill")
-        lives = [_Live(r, r.cache_len) for r in batch.requests]
+        if max_prefill_tokens is not None:
+            self.max_prefill_tokens = max_prefill_tokens
+        self.cache_lens += [r.cache_len for r in batch.requests]
+        lives = [_Live.start(r) for r in batch.requests]
         if cached is not None:
             lives = self.batches.pop(cached.id) + lives
-        return self._step(batch.id, lives, first_chunk=True)
+        return self._step(batch.id, lives)
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
         await asyncio.sleep(0)
         self.calls.append(("decode", tuple(b.id for b in batches)))
         self._maybe_fail("decode")
         lives = [live for b in batches for live in self.batches.pop(b.id)]
-        return self._step(batches[0].id, lives, first_chunk=False)
+        return self._step(batches[0].id, lives)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         self.calls.append(("filter", tuple(request_ids)))
@@ -82,20 +105,23 @@ class FakeShard:
             self.fail_next.discard(method)
             raise GenerationError(f"injected {method} failure")
 
-    def _step(self, batch_id: int, lives: list[_Live], first_chunk: bool) -> StepResult:
+    def _step(self, batch_id: int, lives: list[_Live]) -> StepResult:
         self.forwards += 1
+        self.peak_batch_size = max(self.peak_batch_size, len(lives))
         generations = []
         running = []
         for live in lives:
             request = live.request
             prompt_len = len(request.input_ids)
             if live.prompt_done < prompt_len:
-                chunk = request.chunk_len if (first_chunk and request.chunk_len) else prompt_len
-                live.prompt_done = min(prompt_len, live.prompt_done + chunk)
+                live.prompt_done = min(prompt_len, live.prompt_done + live.chunk_len)
                 if live.prompt_done < prompt_len:
                     running.append(live)
                     continue  # still prefilling: no token yet
-            token = self.token(request.id, live.generated)
+            if self.script:
+                token = self.script[len(request.input_ids) - self.script_prompt_len + live.generated]
+            else:
+                token = self.token(request.id, live.generated)
             live.generated += 1
             finish = None
             if live.generated >= request.stopping.max_new_tokens:
@@ -108,20 +134,19 @@ class FakeShard:
                 running.append(live)
         if not running:
             return StepResult(tuple(generations), None)
+        progress = [(len(live.request.input_ids), live.prompt_done) for live in running]
+        for live, length in zip(running, next_chunk_lengths(progress, self.max_prefill_tokens)):
+            live.chunk_len = length
         self.batches[batch_id] = running
         return StepResult(tuple(generations), self._cached(batch_id))
 
     def _cached(self, batch_id: int) -> CachedBatch:
         lives = self.batches[batch_id]
-        current = sum(
-            1 if live.prompt_done >= len(live.request.input_ids) else len(live.request.input_ids) - live.prompt_done
-            for live in lives
-        )
         return CachedBatch(
             id=batch_id,
             request_ids=tuple(live.request.id for live in lives),
-            max_tokens=sum(len(live.request.slots) for live in lives),
-            current_tokens=current,
+            max_tokens=sum(len(live.request.blocks) for live in lives) * self.block_size,
+            current_tokens=sum(live.chunk_len for live in lives),
         )
 
 
@@ -158,14 +183,16 @@ class FakeServiceClient:
         if not self.healthy:
             raise GenerationError("shard unhealthy")
 
-    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
+    async def prefill(
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+    ) -> StepResult:
         if batch.id == 2**64 - 1:  # the health probe
             self.probes.append(batch)
             if not self.healthy:
                 raise GenerationError("probe failed")
             return await self.shard.prefill(batch, None)
         await asyncio.sleep(self.step_delay_s)
-        return await self.shard.prefill(batch, cached)
+        return await self.shard.prefill(batch, cached, max_prefill_tokens)
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
         await asyncio.sleep(self.step_delay_s)

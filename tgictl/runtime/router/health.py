@@ -47,10 +47,13 @@ def probe_batch(token_id: int) -> Batch:
 
 
 class HealthChecker:
-    def __init__(self, client: HealthClient, probe_token_id: int) -> None:
+    def __init__(self, client: HealthClient, probe_token_id: int, forward_lock: asyncio.Lock | None = None) -> None:
         self._client = client
         self._probe_token_id = probe_token_id
         self._lock = asyncio.Lock()  # concurrent /health calls share one probe instead of piling up
+        # The batcher holds it around every step: a probe forward sent while a step runs could reach
+        # the ranks in different orders and desynchronise their collectives.
+        self._forward_lock = forward_lock if forward_lock is not None else asyncio.Lock()
         self.healthy = True
 
     def mark_unhealthy(self, err: TgictlError) -> None:
@@ -64,9 +67,10 @@ class HealthChecker:
                 if self.healthy:
                     await self._client.health()
                     return
-                result = await self._client.prefill(probe_batch(self._probe_token_id), None)
-                if result.batch is not None:  # max_new_tokens=1 ends it, but never leave it behind
-                    await self._client.clear_cache(HEALTH_BATCH_ID)
+                async with self._forward_lock:
+                    result = await self._client.prefill(probe_batch(self._probe_token_id), None)
+                    if result.batch is not None:  # max_new_tokens=1 ends it, but never leave it behind
+                        await self._client.clear_cache(HEALTH_BATCH_ID)
                 if not result.generations:
                     raise UnhealthyError("unhealthy: the probe forward produced no token")
             except TgictlError as err:

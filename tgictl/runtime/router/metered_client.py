@@ -44,14 +44,16 @@ class MeteredClient:
         m.batch_current_max_tokens.set(batch.max_tokens if batch is not None else 0)
         return result
 
-    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
+    async def prefill(
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+    ) -> StepResult:
         m = self._metrics
         m.batch_next_size.observe(batch.size)
         if cached is not None:
             m.batch_concat.labels(reason="chunking").inc()
         m.prompt_tokens.inc(sum(len(r.input_ids) for r in batch.requests))
         m.prefix_cache_hit_tokens.inc(sum(r.cache_len for r in batch.requests))
-        return await self._step("prefill", self._client.prefill(batch, cached))
+        return await self._step("prefill", self._client.prefill(batch, cached, max_prefill_tokens))
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
         if len(batches) > 1:

@@ -120,7 +120,6 @@ class RouterService:
         self.prefix_caching = config.prefix_caching and info.use_prefix_caching
         self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching)
         self.queue = Queue(self.allocator, block_size=info.block_size)
-        self.health = HealthChecker(client, probe_token(tokenizer, info.vocab_size))
         self.batcher = Batcher(
             MeteredClient(client, self.metrics),
             self.queue,
@@ -128,11 +127,11 @@ class RouterService:
             TokenTexts(decoder=tokenizer, special_ids=tokenizer.special_ids),
             BatcherConfig(
                 max_batch_prefill_tokens=limits.max_batch_prefill_tokens,
-                max_batch_total_tokens=limits.max_batch_total_tokens,
                 max_batch_size=limits.max_batch_size,
             ),
-            on_error=self.health.mark_unhealthy,
+            on_error=lambda err: self.health.mark_unhealthy(err),
         )
+        self.health = HealthChecker(client, probe_token(tokenizer, info.vocab_size), self.batcher.forward_lock)
         self._permits = Permits(config.max_concurrent_requests)
         self._channels: set[EventChannel] = set()  # open ones: what a shutdown must end
         allocator = self.allocator

@@ -113,8 +113,10 @@ class ShardedClient:
             max_total_tokens=min(r.max_total_tokens for r in replies),
         )
 
-    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult:
-        message = convert.prefill_request_to_pb(PrefillRequest(batch, cached))
+    async def prefill(
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+    ) -> StepResult:
+        message = convert.prefill_request_to_pb(PrefillRequest(batch, cached, max_prefill_tokens))
         replies = await self._all(lambda s: s.Prefill(message))
         return _merge([convert.prefill_response_from_pb(r) for r in replies])
 

@@ -140,6 +140,10 @@ class ShardRuntime:
         finally:
             release_free_memory(collect_garbage=True)  # the probe forward's activations
 
+    def set_max_prefill_tokens(self, tokens: int) -> None:
+        """The router's prefill budget, which later chunks are sized within."""
+        self.runner.set_max_prefill_tokens(tokens)
+
     def new_batch(self, batch: Batch) -> ShardBatch:
         return ShardBatch.from_batch(
             batch,

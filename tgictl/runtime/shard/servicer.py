@@ -235,6 +235,8 @@ class ShardServicer(TextGenerationServiceServicer):
     def _prefill(self, request: pb.PrefillRequest) -> StepResult:
         message = convert.prefill_request_from_pb(request)
         self._faults.before_step("Prefill")
+        if message.max_prefill_tokens is not None:
+            self.runtime.set_max_prefill_tokens(message.max_prefill_tokens)
         batch_id = message.batch.id
         consumed: list[int] = []
         cached: ShardBatch | None = None

@@ -28,24 +28,8 @@ from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.sampling.sampler import TokenHistory, top_n_tokens
+from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.runtime.shard.sampling.stopping import finish_reason
-
-
-def next_chunk_lengths(rows: list[RowState], max_prefill_tokens: int | None) -> list[int]:
-    """Tokens each row computes in the next forward (TGI's flash_causal_lm.py chunking).
-
-    Decoding rows take 1 token each, charged up front; the rest of the budget goes to prefilling rows
-    from the newest (last) to the oldest, each getting at least 1 token so every row progresses.
-    """
-    lengths = [1] * len(rows)
-    budget = None if max_prefill_tokens is None else max_prefill_tokens - (len(rows) - 1)
-    for i in range(len(rows) - 1, -1, -1):
-        remaining = rows[i].prompt_len - rows[i].cache_len
-        if remaining > 0:
-            lengths[i] = remaining if budget is None else max(min(remaining, budget), 1)
-            if budget is not None:
-                budget -= lengths[i]
-    return lengths
 
 
 class ModelRunner:
@@ -125,7 +109,8 @@ class ModelRunner:
                 generations.append(_generation(row, next_lps[b], first, top_tokens, reason))
         next_batch = _without_rows(batch, finished)
         if next_batch is not None:
-            for row, length in zip(next_batch.rows, next_chunk_lengths(next_batch.rows, self.max_prefill_tokens)):
+            progress = [(row.prompt_len, row.cache_len) for row in next_batch.rows]
+            for row, length in zip(next_batch.rows, next_chunk_lengths(progress, self.max_prefill_tokens)):
                 row.chunk_len = length
         end = time.perf_counter_ns()
         timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)

@@ -195,8 +195,11 @@ def test_progress_is_logged_while_shards_load(tmp_path: Path, caplog: pytest.Log
     with caplog.at_level(logging.INFO, logger="tgictl"):
         launcher.run()
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for shards")]
-    assert progress and all(m.endswith("(pending: shard 1)") for m in progress)
-    assert progress[0].startswith("waiting for shards to load: 1/2 ready after ")
+    # Shard 1 loads 0.8 s, shard 0 at once; on a busy machine shard 0's start-up can outlast the first
+    # 0.3 s report, so only the reports once it is up are pinned down.
+    assert progress and all("shard 1)" in m for m in progress)
+    assert progress[-1].startswith("waiting for shards to load: 1/2 ready after ")
+    assert progress[-1].endswith("(pending: shard 1)")
 
 
 def test_children_get_sigterm_when_the_launcher_is_killed(tmp_path: Path) -> None:

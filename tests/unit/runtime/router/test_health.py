@@ -52,3 +52,63 @@ def test_failed_cheap_check_switches_to_probe() -> None:
         assert len(client.probes) == 1
 
     asyncio.run(scenario())
+
+
+class TimedClient(FakeServiceClient):
+    """Records when each forward (steps and probes) runs on the 'shards'."""
+
+    def __init__(self) -> None:
+        super().__init__(step_delay_s=0.01)
+        self.forwards: list[tuple[str, float, float]] = []
+
+    async def prefill(self, batch, cached, max_prefill_tokens=None):  # type: ignore[no-untyped-def]
+        start = asyncio.get_running_loop().time()
+        if batch.id == HEALTH_BATCH_ID:
+            await asyncio.sleep(0.01)  # a real probe forward takes time too
+        result = await super().prefill(batch, cached, max_prefill_tokens)
+        self.forwards.append(("probe" if batch.id == HEALTH_BATCH_ID else "step", start, asyncio.get_running_loop().time()))
+        return result
+
+    async def decode(self, batches):  # type: ignore[no-untyped-def]
+        start = asyncio.get_running_loop().time()
+        result = await super().decode(batches)
+        self.forwards.append(("step", start, asyncio.get_running_loop().time()))
+        return result
+
+
+def test_the_probe_forward_never_runs_beside_a_batch_step(tiny_tokenizer_dir) -> None:  # type: ignore[no-untyped-def]
+    """With several ranks, a probe Prefill sent while a Decode runs could reach the ranks in different
+    orders and desynchronise their collectives: probes wait for the step to end."""
+    from tgictl.config import RouterConfig
+    from tgictl.runtime.router.service import RouterService
+    from tgictl.runtime.router.validation import GenerationInput
+
+    async def scenario() -> list[tuple[str, float, float]]:
+        client = TimedClient()
+        config = RouterConfig(master_shard_uds_path="/tmp/x-0", tokenizer_name="m")
+        service = await RouterService.start(config, tiny_tokenizer_dir, client, "tiny")
+        try:
+            admission = service.admit()
+            validated = await service.validate(admission, GenerationInput(inputs="hello", max_new_tokens=30))
+            consumer = asyncio.ensure_future(asyncio.gather(*[_drain(service.stream(admission, validated))]))
+            for _ in range(8):
+                service.health.mark_unhealthy(GenerationError("boom"))
+                await service.check_health()
+                await asyncio.sleep(0.004)
+            await consumer
+            admission.release()
+        finally:
+            await service.close()
+        return client.forwards
+
+    forwards = asyncio.run(scenario())
+    probes = [f for f in forwards if f[0] == "probe"]
+    steps = [f for f in forwards if f[0] == "step"]
+    assert len(probes) == 8 and len(steps) >= 30
+    overlaps = [(p, s) for p in probes for s in steps if p[1] < s[2] and s[1] < p[2]]
+    assert overlaps == []
+
+
+async def _drain(stream) -> None:  # type: ignore[no-untyped-def]
+    async for _ in stream:
+        pass

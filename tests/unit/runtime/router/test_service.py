@@ -188,3 +188,26 @@ def test_in_stream_errors_as_tgi_and_openai_send_them(tiny_tokenizer_dir: Path) 
         assert service.in_flight == 0
 
     run(tiny_tokenizer_dir, body)
+
+
+def test_the_shard_chunks_with_the_routers_prefill_budget(tiny_tokenizer_dir: Path) -> None:
+    """Warmup probes 2048 prefill tokens; the cache then holds 1024, so the router's derived budget
+    shrinks to 1024, and that is what every Prefill tells the shard."""
+    async def body(service: RouterService, fake: FakeServiceClient) -> None:
+        assert fake.warmups[0].max_prefill_tokens == 2048
+        assert service.limits.max_batch_prefill_tokens == 1024
+        admission = service.admit()
+        validated = await service.validate(admission, GenerationInput(inputs="hello", max_new_tokens=2))
+        await events(service.stream(admission, validated))
+        admission.release()
+        assert fake.shard.max_prefill_tokens == 1024
+
+    run(tiny_tokenizer_dir, body, fake=FakeServiceClient(supported_tokens=1024))
+
+
+def test_a_shard_that_cannot_chunk_is_refused(tiny_tokenizer_dir: Path) -> None:
+    from tgictl.errors import UnhealthyError
+    from tgictl.testing.fake_shard import fake_info
+
+    with pytest.raises(UnhealthyError, match="does not support chunked prefill"):
+        run(tiny_tokenizer_dir, lambda s, f: asyncio.sleep(0), fake=FakeServiceClient(info_reply=fake_info(chunking=False)))

@@ -106,6 +106,24 @@ def test_per_round_cap(tiny_model_dir: Path) -> None:
     assert ok.max_new_tokens == 16 and ok.max_total_new_tokens == 100
 
 
+def test_the_whole_request_must_fit_max_total_tokens(tiny_model_dir: Path) -> None:
+    """TGI's limit covers all of max_new_tokens, not one continuation round: a mistaken 10^12 is a 422
+    at once instead of minutes of generation."""
+    validator = Validator(
+        RouterTokenizer(tiny_model_dir),
+        ValidationLimits(max_input_tokens=20, max_total_tokens=3000, max_new_tokens_per_round=16),
+    )
+    n = validator.validate(GenerationInput(inputs="hi", max_new_tokens=1)).input_length
+    with pytest.raises(ValidationError) as raised:
+        validator.validate(GenerationInput(inputs="hi", max_new_tokens=10**12))
+    assert str(raised.value).endswith(
+        f"`inputs` tokens + `max_new_tokens` must be <= 3000. Given: {n} `inputs` tokens and {10**12} `max_new_tokens`"
+    )
+    assert raised.value.http_status == 422
+    fits = validator.validate(GenerationInput(inputs="hi", max_new_tokens=3000 - n))
+    assert fits.max_total_new_tokens == 3000 - n and fits.max_new_tokens == 16
+
+
 def test_best_of_limits(validator: Validator) -> None:
     assert validator.validate_best_of(2) == 2
     with pytest.raises(ValidationError, match="`best_of` must be > 0 and <= 2. Given: 3"):

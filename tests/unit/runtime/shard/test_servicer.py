@@ -25,6 +25,7 @@ from tgictl.proto.generate_pb2_grpc import (
 )
 from tgictl.proto.messages import (
     Batch,
+    DecodeRequest,
     PrefillRequest,
     Request,
     SamplingParams,
@@ -125,3 +126,23 @@ def test_an_invalid_request_is_not_fatal(tiny_model_dir: Path, tmp_path: Path) -
 
     asyncio.run(body())
     assert fatal == []
+
+
+def test_later_chunks_follow_the_routers_prefill_budget(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Warmup said 32 tokens per forward; the router's Prefill says 8: the prompt's later chunks are 8."""
+    prompt = tuple(range(40, 70))  # 30 tokens, first chunk 8
+    first = Request(1, prompt, SamplingParams(), StoppingParams(2), blocks=(1, 2), slots=tuple(range(16, 47)),
+                    chunk_len=8)
+
+    async def body() -> list[int]:
+        async with serving(tiny_model_dir, tmp_path / "s", []) as (stub, servicer):
+            reply = await stub.Prefill(convert.prefill_request_to_pb(PrefillRequest(Batch(1, (first,)), None, 8)))
+            currents = [reply.batch.current_tokens]
+            while reply.batch.current_tokens > 1:
+                cached = convert.cached_batch_from_pb(reply.batch)
+                reply = await stub.Decode(convert.decode_request_to_pb(DecodeRequest((cached,))))
+                currents.append(reply.batch.current_tokens)
+            assert servicer.runtime.runner.max_prefill_tokens == 8
+            return currents
+
+    assert asyncio.run(body()) == [8, 8, 6, 1]  # 8 done, then 8 + 8 + 6 = 30, then decoding

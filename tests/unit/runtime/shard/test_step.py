@@ -24,7 +24,8 @@ from shard_helpers import (
 from tgictl.proto.messages import FinishReason, SamplingParams
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
-from tgictl.runtime.shard.step import ModelRunner, next_chunk_lengths
+from tgictl.runtime.shard.chunking import next_chunk_lengths
+from tgictl.runtime.shard.step import ModelRunner
 
 PROMPTS = [
     [3, 17, 45, 200, 9, 31, 77, 5, 120, 64, 33],
@@ -225,11 +226,12 @@ def test_next_chunks_walk_from_newest_to_oldest(runner: ModelRunner) -> None:
     batch = shard_batch(runner, 0, requests)
     for row in batch.rows:
         row.cache_len += row.chunk_len
+    progress = [(row.prompt_len, row.cache_len) for row in batch.rows]
     # budget 30 - (3 - 1) = 28: the newest takes its 15, the older one the remaining 13.
-    assert next_chunk_lengths(batch.rows, 30) == [1, 13, 15]
+    assert next_chunk_lengths(progress, 30) == [1, 13, 15]
     # An exhausted budget still moves every prefilling row by one token.
-    assert next_chunk_lengths(batch.rows, 10) == [1, 1, 8]
-    assert next_chunk_lengths(batch.rows, None) == [1, 36, 15]
+    assert next_chunk_lengths(progress, 10) == [1, 1, 8]
+    assert next_chunk_lengths(progress, None) == [1, 36, 15]
 
 
 def test_seed_gives_the_same_tokens_alone_and_in_a_batch_of_8(runner: ModelRunner) -> None:

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 class ShardClient(Protocol):
     """The calls the batcher makes; ShardedClient implements them over gRPC."""
 
-    async def prefill(self, batch: Batch, cached: CachedBatch | None) -> StepResult: ...
+    async def prefill(
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+    ) -> StepResult: ...
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult: ...
 
@@ -42,7 +44,6 @@ class ShardClient(Protocol):
 @dataclass(frozen=True)
 class BatcherConfig:
     max_batch_prefill_tokens: int
-    max_batch_total_tokens: int
     max_batch_size: int | None = None
 
 
@@ -64,6 +65,9 @@ class Batcher:
         self._on_error = on_error
         self._states: dict[int, Entry] = {}  # in flight, by the id of their current round
         self._wakeup = asyncio.Event()
+        # Held around every forward; /health's probe forward takes it too (health.py), so the shards
+        # always see one forward at a time, in the same order on every rank.
+        self.forward_lock = asyncio.Lock()
 
     @property
     def in_flight(self) -> int:
@@ -121,9 +125,10 @@ class Batcher:
         self._queue.drop_cancelled()
         size = running.size if running is not None else 0
         max_size = None if config.max_batch_size is None else config.max_batch_size - size
-        token_budget = config.max_batch_total_tokens - (running.max_tokens if running is not None else 0)
         prefill_budget = config.max_batch_prefill_tokens - (running.current_tokens if running is not None else 0)
-        nb = self._queue.next_batch(max_size, prefill_budget, token_budget)
+        # No token budget beside the allocator: it is the real one, and it counts blocks shared through
+        # the prefix cache once (TGI's token_budget is for its backends without a block allocator).
+        nb = self._queue.next_batch(max_size, prefill_budget)
         if nb is None:
             return running, False
         return await self._prefill(nb, running), True
@@ -134,7 +139,9 @@ class Batcher:
             self._states[request_id] = entry
         affected = list(nb.entries) + (list(cached.request_ids) if cached is not None else [])
         try:
-            result = await self._client.prefill(nb.batch, cached)
+            async with self.forward_lock:
+                # The shard sizes later chunks with the router's budget, not the one it warmed up with.
+                result = await self._client.prefill(nb.batch, cached, self._config.max_batch_prefill_tokens)
         except Exception as err:  # noqa: BLE001 - any failure of one step fails only that step's requests
             await self._fail([nb.batch.id] + ([cached.id] if cached else []), affected, _as_error(err))
             return None
@@ -142,7 +149,8 @@ class Batcher:
 
     async def _decode(self, running: CachedBatch) -> CachedBatch | None:
         try:
-            result = await self._client.decode([running])
+            async with self.forward_lock:
+                result = await self._client.decode([running])
         except Exception as err:  # noqa: BLE001 - see _prefill
             await self._fail([running.id], list(running.request_ids), _as_error(err))
             return None

@@ -112,8 +112,7 @@ class Entry:
             top = texts.infos(generation.top_tokens[index]) if generation.top_tokens else ()
             piece = detokenizer.add(token_id)
             token = texts.info(token_id, logprob, piece)
-            visible = "" if token.special else piece
-            check = self._stops.feed(visible)
+            check = self._stops.feed(piece, visible=not token.special)
             self._content.append(check.emit)
             last = index == len(tokens.ids) - 1
             if check.matched is not None:

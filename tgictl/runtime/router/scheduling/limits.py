@@ -1,5 +1,6 @@
-"""Start-up limits: the warmup batch the router sends and the limits it derives from the answer,
-as TGI does (its launcher's derived limits, the router's warmup batch, FlashCausalLM.warmup). Pure functions, so every rule is unit-tested without a shard."""
+"""Start-up limits: the warmup batch the router sends and the limits it derives from the answer, as
+TGI does (its launcher's derived limits, the router's warmup batch, FlashCausalLM.warmup). Pure
+functions, so every rule is unit-tested without a shard."""
 
 from __future__ import annotations
 
@@ -40,14 +41,17 @@ class RouterLimits:
 
 
 def max_batch_prefill_tokens(config: RouterConfig, info: Info) -> int:
-    """The user's value, else TGI's default clamped to the model's positions; without chunking a
-    whole prompt must fit one prefill, so never below max_input_tokens."""
+    """The user's value, else TGI's default clamped to the model's positions (prompts longer than it
+    are prefilled in chunks)."""
     if config.max_batch_prefill_tokens is not None:
         return config.max_batch_prefill_tokens
-    value = min(DEFAULT_MAX_BATCH_PREFILL_TOKENS, info.max_position_embeddings)
-    if config.max_input_tokens is not None and not info.support_chunking:
-        value = max(value, config.max_input_tokens)
-    return value
+    return min(DEFAULT_MAX_BATCH_PREFILL_TOKENS, info.max_position_embeddings)
+
+
+def max_request_tokens(num_blocks: int, block_size: int) -> int:
+    """The largest input + max_new_tokens one request can be allocated: every usable block (block 0 is
+    reserved), plus one, since the last sampled token is never fed back and needs no KV slot."""
+    return (num_blocks - 1) * block_size + 1
 
 
 def warmup_request(config: RouterConfig, info: Info, token_id: int, max_prefill_tokens: int) -> WarmupRequest:
@@ -82,10 +86,6 @@ def warmup_request(config: RouterConfig, info: Info, token_id: int, max_prefill_
 def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_prefill_tokens: int) -> RouterLimits:
     """Limits not given come from warmup; then the router-side checks of TGI's v3 main.rs."""
     supported = warmup.max_supported_total_tokens
-    max_total = config.max_total_tokens if config.max_total_tokens is not None else warmup.max_total_tokens
-    max_input = config.max_input_tokens if config.max_input_tokens is not None else min(
-        warmup.max_input_tokens, max_total - 1
-    )
     batch_total = supported
     if config.max_batch_total_tokens is not None:
         if config.max_batch_total_tokens > supported:
@@ -94,6 +94,14 @@ def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_pr
                 config.max_batch_total_tokens, supported, supported,
             )
         batch_total = min(config.max_batch_total_tokens, supported)
+    num_blocks = batch_total // info.block_size
+    if num_blocks < 2:
+        raise ConfigError(f"the KV cache holds {batch_total} tokens: fewer than one usable block of {info.block_size}")
+    fits = max_request_tokens(num_blocks, info.block_size)
+    max_total = config.max_total_tokens if config.max_total_tokens is not None else min(warmup.max_total_tokens, fits)
+    max_input = config.max_input_tokens if config.max_input_tokens is not None else min(
+        warmup.max_input_tokens, max_total - 1
+    )
     if config.max_batch_prefill_tokens is None:
         max_prefill_tokens = min(max_prefill_tokens, batch_total)  # a derived default bends to memory
     if max_input >= max_total:
@@ -101,28 +109,22 @@ def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_pr
             f"`max_input_tokens` must be < `max_total_tokens`, got max_input_tokens={max_input} "
             f"and max_total_tokens={max_total}"
         )
-    if not info.support_chunking and max_input > max_prefill_tokens:
-        raise ConfigError(
-            f"`max_batch_prefill_tokens` must be >= `max_input_tokens` without prefill chunking, "
-            f"got max_batch_prefill_tokens={max_prefill_tokens} and max_input_tokens={max_input}"
-        )
     if max_prefill_tokens > batch_total:
         raise ConfigError(
             f"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`, got "
             f"max_batch_prefill_tokens={max_prefill_tokens} and max_batch_total_tokens={batch_total}"
         )
-    if max_total > batch_total:
+    if max_total > fits:
         raise ConfigError(
             f"Not enough memory to handle `max_total_tokens={max_total}`: the shards hold "
-            f"{batch_total} KV tokens (`max_batch_total_tokens`); lower --max-total-tokens"
+            f"{batch_total} KV tokens (`max_batch_total_tokens`), {num_blocks - 1} usable blocks of "
+            f"{info.block_size}, so one request can have at most {fits}; lower --max-total-tokens"
         )
-    if batch_total // info.block_size < 2:
-        raise ConfigError(f"the KV cache holds {batch_total} tokens: fewer than one usable block of {info.block_size}")
     return RouterLimits(
         max_input_tokens=max_input,
         max_total_tokens=max_total,
         max_batch_prefill_tokens=max_prefill_tokens,
         max_batch_total_tokens=batch_total,
         max_batch_size=config.max_batch_size,
-        num_blocks=batch_total // info.block_size,
+        num_blocks=num_blocks,
     )

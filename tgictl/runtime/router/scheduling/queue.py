@@ -13,8 +13,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from tgictl.errors import ValidationError
 from tgictl.proto.messages import Batch, Request, StoppingParams
-from tgictl.runtime.router.kv.block_allocator import BlockAllocation, KvAllocator
+from tgictl.runtime.router.kv.block_allocator import BlockAllocation, KvAllocator, blocks_for
+from tgictl.runtime.router.request import ErrorEvent
 from tgictl.runtime.router.scheduling.entry import Entry
 
 
@@ -58,8 +60,10 @@ class Queue:
             self.dropped += len(gone)
         return gone
 
-    def next_batch(self, max_size: int | None, prefill_budget: int, token_budget: int) -> NextBatch | None:
-        if prefill_budget <= 0 or token_budget <= 0 or not self._entries:
+    def next_batch(self, max_size: int | None, prefill_budget: int) -> NextBatch | None:
+        """Entries for the next Prefill, in FIFO order, while their blocks fit the allocator and their
+        prompts the prefill budget (the last one may be cut into a chunk)."""
+        if prefill_budget <= 0 or not self._entries:
             return None
         if max_size is not None and max_size <= 0:
             return None
@@ -77,15 +81,23 @@ class Queue:
             # The last generated token is sampled but never fed back, so it needs no KV slot.
             tokens = request.input_length + request.max_new_tokens - 1
             # Prompt logprobs need every prompt position recomputed, so such a request takes no prefix.
-            key = None if request.decoder_input_details else request.input_ids
+            # The last prompt position is always computed (its logits give the first token), so it is
+            # left out of the lookup: it then lands in a block of this request's own, never in a cached
+            # block that other requests read while it is written.
+            key = None if request.decoder_input_details else request.input_ids[:-1]
+            if blocks_for(tokens, self._block_size) > self._allocator.total_blocks:
+                # Not even an empty cache could hold it: waiting would wedge the FIFO for everyone behind.
+                entry.send(ErrorEvent(ValidationError(
+                    f"the request needs {tokens} KV slots (input {request.input_length} + max_new_tokens "
+                    f"{request.max_new_tokens} - 1) but the cache holds {self._allocator.total_blocks} "
+                    f"blocks of {self._block_size}"
+                )))
+                continue
             allocation = self._allocator.allocate(tokens, key)
             if allocation is None:
                 self._entries.appendleft(entry)
                 break
             prefix_len = allocation.prefix_len
-            if prefix_len >= request.input_length:
-                # A fully cached prompt still needs one token through the model to yield logits.
-                prefix_len = request.input_length - 1
             postfix = request.input_length - prefix_len
             chunk_len: int | None = None
             if prefill_tokens + postfix > prefill_budget:

@@ -66,8 +66,8 @@ def make(
 ) -> tuple[Batcher, FakeShard, BlockAllocator | RadixAllocator, Queue]:
     allocator = (RadixAllocator if radix else BlockAllocator)(num_blocks=num_blocks, block_size=block_size)
     queue = Queue(allocator, block_size=block_size)
-    shard = FakeShard(first_token=40, span=200)
-    settings = dict(max_batch_prefill_tokens=64, max_batch_total_tokens=num_blocks * block_size)
+    shard = FakeShard(first_token=40, span=200, block_size=block_size)
+    settings = dict(max_batch_prefill_tokens=64)
     settings.update(config)
     batcher = Batcher(shard, queue, allocator, texts, BatcherConfig(**settings))  # type: ignore[arg-type]
     return batcher, shard, allocator, queue
@@ -168,7 +168,10 @@ def test_a_long_prompt_is_chunked_and_yields_nothing_until_it_is_whole(texts: To
     asyncio.run(serve(batcher, [client]))
     assert [type(e) for e in client.events] == [TokenEvent, EndEvent]
     assert shard.calls[0] == ("prefill", (0,))
-    assert shard.forwards == 3  # chunk of 16, then the rest, then the second token
+    # Every chunk within the budget of 16, later ones too (as the real shard sizes them): 16 + 16 + 16
+    # + 2 prompt tokens, the last of these forwards yielding the first token, then the second token.
+    assert shard.forwards == 5
+    assert shard.max_prefill_tokens == 16  # the router told the shard its budget
     assert_no_leak(allocator)
 
 
@@ -208,11 +211,11 @@ def test_an_unexpected_client_exception_fails_only_that_step(texts: TokenTexts) 
     broken = {"armed": True}
     original = shard.prefill
 
-    async def prefill(batch, cached):  # type: ignore[no-untyped-def]
+    async def prefill(batch, cached, max_prefill_tokens=None):  # type: ignore[no-untyped-def]
         if broken["armed"] and any(r.input_ids == (9, 9, 9) for r in batch.requests):
             broken["armed"] = False
             raise ValueError("Value out of range: 4294967296")  # what protobuf raises for a bad field
-        return await original(batch, cached)
+        return await original(batch, cached, max_prefill_tokens)
 
     shard.prefill = prefill  # type: ignore[method-assign]
 
@@ -234,4 +237,57 @@ def test_an_unexpected_client_exception_fails_only_that_step(texts: TokenTexts) 
     later = Client(request(max_new_tokens=2))
     asyncio.run(serve(batcher, [later]))
     assert isinstance(later.events[-1], EndEvent)
+    assert_no_leak(allocator)
+
+
+def test_a_request_that_can_never_fit_fails_instead_of_wedging_the_queue(texts: TokenTexts) -> None:
+    """5 blocks of 1 token, 4 usable: a request needing 6 slots can never be allocated, even in an empty
+    cache. It fails at once; the request behind it runs."""
+    batcher, shard, allocator, queue = make(texts, num_blocks=5, block_size=1)
+    too_big = Client(request(prompt=(5, 6, 7), max_new_tokens=4))  # 3 + 4 - 1 = 6 slots
+    fits = Client(request(prompt=(5, 6), max_new_tokens=2))
+    asyncio.run(serve(batcher, [too_big, fits]))
+    assert isinstance(too_big.events[-1], ErrorEvent)
+    assert "needs 6 KV slots" in str(too_big.events[-1].error) and too_big.events[-1].error.http_status == 422
+    assert isinstance(fits.events[-1], EndEvent)
+    assert len(queue) == 0
+    assert_no_leak(allocator)
+
+
+def test_requests_sharing_a_cached_prefix_run_together_in_a_cache_that_holds_it_once(texts: TokenTexts) -> None:
+    """The allocator is the budget. A 2,048-token prefix cached once (128 blocks of 16) in an 8,192-token
+    cache, then 16 requests arriving one by one, each adding 2 prompt tokens and generating 100 (7 blocks
+    of their own): 128 + 16 * 7 = 240 of 511 usable blocks. Subtracting every running row's whole
+    allocation (135 blocks, prefix included) from 8,192 tokens made the budget negative at 4 rows."""
+    batcher, shard, allocator, _ = make(texts, num_blocks=512, block_size=16, radix=True, max_batch_prefill_tokens=4096)
+    prefix = tuple(100 + i % 300 for i in range(2048))
+    clients = [Client(request(prompt=prefix + (2, 3 + i), max_new_tokens=100)) for i in range(16)]
+
+    async def scenario() -> None:
+        await serve(batcher, [Client(request(prompt=prefix + (1,), max_new_tokens=1))])  # publishes it
+        shard.peak_batch_size = 0
+        await serve(batcher, clients, stagger=lambda i: 0.0005)
+
+    asyncio.run(scenario())
+    assert all(isinstance(c.events[-1], EndEvent) and c.events[-1].generated_tokens == 100 for c in clients)
+    assert shard.peak_batch_size == 16
+    assert_no_leak(allocator)
+
+
+def test_a_stop_string_that_is_a_special_token_matches(texts: TokenTexts) -> None:
+    """`<|im_end|>` as a stop string: special tokens produce no visible text, but stop strings are
+    matched on the text with special tokens, as TGI does; the content still never shows them."""
+    tokenizer = texts.decoder
+    im_end = tokenizer.token_to_id("<|im_end|>")  # type: ignore[attr-defined]
+    assert im_end in texts.special_ids
+    hi = tuple(tokenizer.encode("hi there", add_special_tokens=False).ids)  # type: ignore[attr-defined]
+    batcher, shard, allocator, _ = make(texts)
+    shard.script, shard.script_prompt_len = hi + (im_end,) + hi, 3
+    client = Client(request(max_new_tokens=len(hi) * 2 + 1, stop_sequences=("<|im_end|>",)))
+    asyncio.run(serve(batcher, [client]))
+    end = client.events[-1]
+    assert isinstance(end, EndEvent) and end.finish_reason == FinishReason.STOP_SEQUENCE
+    assert end.stop_sequence == "<|im_end|>" and end.generated_text == "hi there"
+    assert end.generated_tokens == len(hi) + 1
+    assert "".join(e.content for e in client.events if isinstance(e, (TokenEvent, EndEvent))) == "hi there"
     assert_no_leak(allocator)

@@ -26,9 +26,9 @@ def texts(tiny_tokenizer_dir: Path) -> TokenTexts:
 
 def setup(texts: TokenTexts) -> tuple[FakeShard, BlockAllocator, Batcher]:
     allocator = BlockAllocator(num_blocks=64, block_size=4)
-    shard = FakeShard(first_token=40, span=200)
+    shard = FakeShard(first_token=40, span=200, block_size=4)
     batcher = Batcher(shard, Queue(allocator, block_size=4), allocator, texts,
-                      BatcherConfig(max_batch_prefill_tokens=64, max_batch_total_tokens=256))
+                      BatcherConfig(max_batch_prefill_tokens=64))
     return shard, allocator, batcher
 
 
@@ -81,3 +81,63 @@ def test_closing_the_channel_cancels_the_request_and_frees_its_blocks(texts: Tok
     assert batcher.in_flight == 0
     assert allocator.free_blocks == allocator.total_blocks
     assert shard.forwards < 10
+
+
+def run_script(texts: TokenTexts, script: tuple[int, ...], per_round: int, radix: bool = False,
+               **fields: object) -> tuple[list[StreamEvent], FakeShard, object]:
+    """One request of prompt (5, 6, 7) whose shard output is `script`, in rounds of `per_round`."""
+    from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
+
+    allocator = (RadixAllocator if radix else BlockAllocator)(num_blocks=256, block_size=4)
+    shard = FakeShard(first_token=40, span=200, block_size=4, script=script, script_prompt_len=3)
+    batcher = Batcher(shard, Queue(allocator, block_size=4), allocator, texts,
+                      BatcherConfig(max_batch_prefill_tokens=2048))
+    request = ValidatedRequest(input_ids=(5, 6, 7), sampling=fields.pop("sampling", SamplingParams()),  # type: ignore[arg-type]
+                               max_new_tokens=per_round, max_total_new_tokens=len(script), **fields)  # type: ignore[arg-type]
+    got = asyncio.run(collect(batcher, request, per_round=per_round))
+    return got, shard, allocator
+
+
+def text_ids(texts: TokenTexts, text: str) -> tuple[int, ...]:
+    return tuple(texts.decoder.encode(text, add_special_tokens=False).ids)  # type: ignore[attr-defined]
+
+
+def test_a_character_split_at_a_round_boundary_stays_whole(texts: TokenTexts) -> None:
+    ids = text_ids(texts, "a中b")
+    pieces = [texts.decoder.decode([i], skip_special_tokens=False) for i in ids]
+    cut = next(i for i, p in enumerate(pieces) if "\ufffd" in p)  # the first id that is part of 中
+    got, _, _ = run_script(texts, ids, per_round=cut + 1)  # the round ends inside the character
+    end = got[-1]
+    assert isinstance(end, EndEvent) and end.generated_text == "a中b"
+    assert "".join(e.content for e in got) == "a中b"
+
+
+def test_a_stop_string_spanning_a_round_boundary_matches(texts: TokenTexts) -> None:
+    ids = text_ids(texts, "xx STOP yy")
+    got, _, _ = run_script(texts, ids, per_round=3, stop_sequences=("STOP",))
+    end = got[-1]
+    assert isinstance(end, EndEvent) and end.finish_reason == FinishReason.STOP_SEQUENCE
+    assert end.generated_text == "xx " and end.stop_sequence == "STOP"
+
+
+def test_details_of_a_continued_request_cover_every_round(texts: TokenTexts) -> None:
+    ids = tuple(40 + i for i in range(10))
+    got, shard, _ = run_script(texts, ids, per_round=4, sampling=SamplingParams(do_sample=True, seed=42))
+    end = got[-1]
+    assert isinstance(end, EndEvent)
+    assert end.seed == 42  # the request's seed, not a round's
+    assert end.generated_tokens == 10 and [e.token.id for e in got] == list(ids)
+    assert [c for c in shard.calls if c[0] == "prefill"] == [("prefill", (0,)), ("prefill", (1,)), ("prefill", (2,))]
+
+
+def test_a_round_publishes_its_output_so_the_next_round_needs_no_prefill(texts: TokenTexts) -> None:
+    ids = tuple(40 + i for i in range(30))
+
+    got, shard, allocator = run_script(texts, ids, per_round=13, radix=True)
+    assert isinstance(got[-1], EndEvent) and got[-1].generated_tokens == 30
+    # Round 2's prompt is 3 + 13 = 16 tokens, of which 3 + 12 = 15 were computed in round 1: 3 full
+    # blocks of 4 come from the cache. Round 3: 3 + 26 = 29, 28 computed: 7 blocks.
+    prefills = [call for call in shard.calls if call[0] == "prefill"]
+    assert len(prefills) == 3
+    assert shard.cache_lens == [0, 12, 28]
+    allocator.check_integrity()  # type: ignore[attr-defined]

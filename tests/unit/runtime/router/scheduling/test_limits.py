@@ -47,9 +47,6 @@ def test_default_max_batch_prefill_tokens() -> None:
     assert max_batch_prefill_tokens(config(), fake_info()) == 2048  # clamped to max_position_embeddings
     assert max_batch_prefill_tokens(config(), replace(fake_info(), max_position_embeddings=10**5)) == 4096
     assert max_batch_prefill_tokens(config(max_batch_prefill_tokens=99), fake_info()) == 99
-    # Without chunking a whole prompt must fit one prefill.
-    info = fake_info(chunking=False)
-    assert max_batch_prefill_tokens(config(max_input_tokens=6000, max_total_tokens=7000), info) == 6000
 
 
 def test_limits_from_warmup() -> None:
@@ -70,9 +67,6 @@ def test_user_limits_win_and_are_checked() -> None:
     assert (limits.max_input_tokens, limits.max_total_tokens, limits.max_batch_total_tokens) == (100, 200, 4096)
     with pytest.raises(ConfigError, match=r"Not enough memory to handle `max_total_tokens=2000`"):
         derive_limits(config(max_total_tokens=2000), fake_info(), WarmupResult(1024, 1999, 2000), 256)
-    with pytest.raises(ConfigError, match="without prefill chunking"):
-        derive_limits(config(max_input_tokens=500, max_total_tokens=600), fake_info(chunking=False),
-                      WarmupResult(8192, 500, 600), 256)
     # A larger --max-batch-total-tokens than the shards hold is capped, not trusted.
     capped = derive_limits(config(max_batch_total_tokens=10**6), fake_info(), WarmupResult(8192, 2047, 2048), 256)
     assert capped.max_batch_total_tokens == 8192
@@ -91,3 +85,18 @@ def test_model_name_is_the_served_name_else_the_tokenizer() -> None:
     assert config(served_model_name="org/model").model_name == "org/model"
     with pytest.raises(ConfigError, match="served_model_name must not be empty"):
         config(served_model_name=" ")
+
+
+def test_max_total_tokens_fits_the_usable_blocks() -> None:
+    """4096 KV tokens in blocks of 16 are 256 blocks, 255 usable (block 0 is reserved). A request of
+    input + max_new = 4096 needs 4095 slots = 256 blocks: it could never be allocated. At most
+    255 * 16 + 1 = 4081 (the last sampled token needs no slot)."""
+    derived = derive_limits(config(), fake_info(), WarmupResult(4096, 4095, 4096), 4096)
+    assert derived.max_total_tokens == 4081 and derived.max_input_tokens == 4080
+    assert derived.num_blocks == 256
+    with pytest.raises(ConfigError, match=r"`max_total_tokens=4096`.*at most 4081"):
+        derive_limits(config(max_batch_total_tokens=4096, max_total_tokens=4096), fake_info(),
+                      WarmupResult(4096, 4095, 4096), 4096)
+    fits = derive_limits(config(max_batch_total_tokens=4096, max_total_tokens=4081), fake_info(),
+                         WarmupResult(4096, 4080, 4081), 4096)
+    assert fits.max_total_tokens == 4081

@@ -29,21 +29,21 @@ def test_append_assigns_increasing_ids() -> None:
 
 def test_next_batch_empty() -> None:
     queue = tgi_queue()
-    assert queue.next_batch(None, 1, 1) is None
-    assert queue.next_batch(1, 1, 1) is None
+    assert queue.next_batch(None, 1) is None
+    assert queue.next_batch(1, 1) is None
 
 
 def test_next_batch_takes_entries_in_order() -> None:
     queue = tgi_queue()
     queue.append(entry())
     queue.append(entry())
-    nb = queue.next_batch(None, 2, 2)
+    nb = queue.next_batch(None, 2)
     assert nb is not None
     assert list(nb.entries) == [0, 1]
     assert nb.batch.id == 0
     assert all(e.batch_time is not None for e in nb.entries.values())
     queue.append(entry())
-    nb = queue.next_batch(None, 2, 2)
+    nb = queue.next_batch(None, 2)
     assert nb is not None and list(nb.entries) == [2] and nb.batch.id == 1
 
 
@@ -51,34 +51,35 @@ def test_next_batch_max_size() -> None:
     queue = tgi_queue()
     queue.append(entry())
     queue.append(entry())
-    nb = queue.next_batch(1, 2, 2)
+    nb = queue.next_batch(1, 2)
     assert nb is not None and list(nb.entries) == [0]
     assert len(queue) == 1
 
 
-def test_next_batch_token_budget() -> None:
+def test_next_batch_prefill_budget() -> None:
     queue = tgi_queue()
     queue.append(entry())
     queue.append(entry())
-    nb = queue.next_batch(None, 1, 1)
+    nb = queue.next_batch(None, 1)
     assert nb is not None and list(nb.entries) == [0]
     queue.append(entry())
-    nb = queue.next_batch(None, 3, 3)
+    nb = queue.next_batch(None, 3)
     assert nb is not None and list(nb.entries) == [1, 2] and nb.batch.id == 1
 
 
 def test_zero_budget_gives_nothing() -> None:
     queue = tgi_queue()
     queue.append(entry())
-    assert queue.next_batch(1, 0, 0) is None
-    assert queue.next_batch(None, 0, 5) is None
+    assert queue.next_batch(1, 0) is None
+    assert queue.next_batch(None, 0) is None
+    assert queue.next_batch(0, 5) is None
     assert len(queue) == 1
 
 
 def test_cancelled_entries_are_dropped() -> None:
     queue = tgi_queue()
     queue.append(entry(cancelled=True))
-    assert queue.next_batch(None, 2, 2) is None
+    assert queue.next_batch(None, 2) is None
     assert len(queue) == 0 and queue.dropped == 1
 
 
@@ -86,7 +87,7 @@ def test_blocks_cover_input_plus_new_tokens_minus_one() -> None:
     allocator = BlockAllocator(num_blocks=64, block_size=4)
     queue = Queue(allocator, block_size=4)
     queue.append(entry(input_ids=tuple(range(10)), max_new_tokens=7))
-    nb = queue.next_batch(None, 100, 100)
+    nb = queue.next_batch(None, 100)
     assert nb is not None
     (request,) = nb.batch.requests
     assert len(request.slots) == 16 and len(request.blocks) == 4
@@ -101,7 +102,7 @@ def test_allocation_failure_stops_the_walk_in_fifo_order() -> None:
     queue.append(entry(input_ids=(1, 2), max_new_tokens=2))  # 3 blocks
     queue.append(entry(input_ids=(1, 2), max_new_tokens=2))  # 3 more: does not fit
     queue.append(entry(input_ids=(1,), max_new_tokens=1))  # would fit, but FIFO: no skipping
-    nb = queue.next_batch(None, 100, 100)
+    nb = queue.next_batch(None, 100)
     assert nb is not None and list(nb.entries) == [0]
     assert len(queue) == 2
 
@@ -112,7 +113,7 @@ def test_prompt_longer_than_the_budget_is_chunked() -> None:
     queue.append(entry(input_ids=tuple(range(5)), max_new_tokens=2))
     queue.append(entry(input_ids=tuple(range(30)), max_new_tokens=2))
     queue.append(entry(input_ids=tuple(range(3)), max_new_tokens=2))
-    nb = queue.next_batch(None, 16, 1000)
+    nb = queue.next_batch(None, 16)
     assert nb is not None and list(nb.entries) == [0, 1]
     first, second = nb.batch.requests
     assert first.chunk_len is None
@@ -120,12 +121,12 @@ def test_prompt_longer_than_the_budget_is_chunked() -> None:
     assert len(queue) == 1
 
 
-def test_cached_prefix_sets_cache_len_and_a_full_hit_recomputes_the_last_token() -> None:
+def test_cached_prefix_sets_cache_len_and_a_full_hit_recomputes_the_last_token_privately() -> None:
     allocator = RadixAllocator(num_blocks=64, block_size=4)
     queue = Queue(allocator, block_size=4)
     prompt = tuple(range(100, 112))  # three full blocks
     queue.append(entry(input_ids=prompt, max_new_tokens=4))
-    nb = queue.next_batch(None, 100, 1000)
+    nb = queue.next_batch(None, 100)
     assert nb is not None
     first = nb.entries[0]
     assert first.allocation is not None
@@ -133,11 +134,14 @@ def test_cached_prefix_sets_cache_len_and_a_full_hit_recomputes_the_last_token()
 
     queue.append(entry(input_ids=prompt + (1, 2, 3, 4, 5), max_new_tokens=4))
     queue.append(entry(input_ids=prompt, max_new_tokens=4))
-    nb = queue.next_batch(None, 100, 1000)
+    nb = queue.next_batch(None, 100)
     assert nb is not None
     longer, same = nb.batch.requests
-    assert longer.cache_len == 12 and same.cache_len == 11
-    assert longer.blocks[:3] == same.blocks[:3]
+    assert longer.cache_len == 12
+    # A fully cached prompt still computes its last position for logits; that position lands in a
+    # block of its own, never in the cached block other requests read.
+    assert same.cache_len == 8 and same.blocks[:2] == longer.blocks[:2]
+    assert same.blocks[2] not in longer.blocks
     allocator.check_integrity()
 
 
