@@ -154,6 +154,9 @@ class Env:
     # The shard's compiled CPU kernels (tgictl/kernels/native.py): TGICTL_NATIVE_KERNELS=0 turns them
     # off (pure torch); CC names the C compiler that builds them (default: cc).
     native_kernels: bool = True
+    # Tensor-parallel collectives through shared memory between the shards of one CPU host
+    # (runtime/shard/shm_collectives.py); TGICTL_SHM_COLLECTIVES=0 keeps gloo's.
+    shm_collectives: bool = True
     c_compiler: str | None = None
 
     @classmethod
@@ -184,6 +187,7 @@ class Env:
             cuda_visible_devices=_visible_devices(env, "CUDA_VISIBLE_DEVICES"),
             fault_injection=_fault_injection(env),
             native_kernels=_bool(env, "TGICTL_NATIVE_KERNELS") if _text(env, "TGICTL_NATIVE_KERNELS") else True,
+            shm_collectives=_bool(env, "TGICTL_SHM_COLLECTIVES") if _text(env, "TGICTL_SHM_COLLECTIVES") else True,
             c_compiler=_text(env, "CC"),
         )
 

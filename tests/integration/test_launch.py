@@ -209,8 +209,8 @@ def test_heads_that_cannot_be_split_fail_before_any_process_starts(tiny_model_di
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, "-m", "tgictl", "--log-level", "warning", "launch", "--model-id", str(tiny_model_dir),
-         "--num-shard", "3"],
+         "--num-shard", "5"],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr == "Error: num_attention_heads=4 is not divisible by num_shard=3\n"
+    assert result.stderr == "Error: 5 shards are more than the model's 4 attention heads: every shard needs one\n"

@@ -36,7 +36,9 @@ from tgictl.env import read_env
 
 log = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("paged_decode.c", "small_linear.c"))
+_SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name for name in ("paged_decode.c", "small_linear.c", "shm_collectives.c")
+)
 # Reassociation lets the dot products and sums vectorise (the kernel has no order-sensitive sums
 # beyond float rounding); -ffp-contract=fast gives fused multiply-adds, which -std=c11 turns off;
 # no -ffast-math: infinities and NaN keep their meaning.
@@ -54,6 +56,10 @@ class NativeKernels:
     decode_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     linear_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # Collectives over a shared-memory segment (runtime/shard/shm_collectives.py calls them).
+    shm_register: ctypes._CFuncPtr  # type: ignore[name-defined]
+    shm_all_reduce: ctypes._CFuncPtr  # type: ignore[name-defined]
+    shm_all_gather: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -146,6 +152,17 @@ def _bind(path: Path) -> NativeKernels:
         fn = getattr(library, name)
         fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
         fn.restype = None
+        functions.append(fn)
+    c_int, u64, f64 = ctypes.c_int, ctypes.c_uint64, ctypes.c_double
+    signatures = {
+        "tgictl_shm_register": [p, c_int, i64],
+        "tgictl_shm_all_reduce": [p, c_int, c_int, i64, u64, p, i64, c_int, f64],
+        "tgictl_shm_all_gather": [p, c_int, c_int, i64, u64, p, i64, p, f64],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(library, name)
+        fn.argtypes = argtypes
+        fn.restype = c_int
         functions.append(fn)
     return NativeKernels(path, *functions)
 

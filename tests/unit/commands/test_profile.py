@@ -80,6 +80,7 @@ def test_report_for_two_described_gpus(model_dir: Path) -> None:
         "dtype": "bfloat16",
         "weight_bytes_per_shard": 139904,  # 69952 parameters per shard (see test_budgets) · 2
         "model_flops_per_token": 163840,
+        "attention_heads_per_shard": [2, 2],
         "kv_heads_per_shard": 1,
         "kv_bytes_per_token_per_shard": 128,  # 2 · 2 layers · 1 kv head · 16 · 2 bytes
         "kv_bytes_per_block_per_shard": 2048,
@@ -165,9 +166,9 @@ def test_cli_errors_are_one_line(model_dir: Path, tmp_path_factory: pytest.TempP
     result = run_tgictl("profile", "--model-id", str(empty))
     assert result.returncode == 2
     assert result.stderr.strip() == f"Error: {empty} has no config.json; it is not a model directory"
-    result = run_tgictl("profile", "--model-id", str(model_dir), "--num-shard", "3")
+    result = run_tgictl("profile", "--model-id", str(model_dir), "--num-shard", "5")
     assert result.returncode == 2
-    assert result.stderr.strip() == "Error: num_attention_heads=4 is not divisible by num_shard=3"
+    assert result.stderr.strip() == "Error: 5 shards are more than the model's 4 attention heads: every shard needs one"
 
 
 def test_cli_measure_loads_the_model_and_runs_the_warmup_probe(tiny_model_dir: Path) -> None:

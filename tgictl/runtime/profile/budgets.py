@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from tgictl.errors import ConfigError
 from tgictl.runtime.host import default_serving_dtype
+from tgictl.runtime.tensor_parallel import HeadSplit, head_splits
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
 
 DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -148,7 +149,8 @@ class Budgets:
     dtype: Figure
     weight_bytes_per_shard: Figure
     model_flops_per_token: Figure
-    kv_heads_per_shard: Figure
+    attention_heads_per_shard: Figure  # query heads of each shard, in rank order
+    kv_heads_per_shard: Figure  # of the shard holding the most (it sizes every shard's KV cache)
     kv_bytes_per_token_per_shard: Figure
     kv_bytes_per_block_per_shard: Figure
     activation_bytes_per_token_per_shard: Figure
@@ -177,25 +179,27 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def attention_split(shape: ModelShape, num_shard: int) -> tuple[HeadSplit, ...]:
+    """Each shard's heads by the shard's own rule (KV-head groups as evenly as possible); raises
+    UnsupportedModelError for a shard count the model cannot be split over."""
+    return head_splits(shape.num_heads, shape.num_kv_heads, num_shard)
+
+
 def kv_heads_per_shard(shape: ModelShape, num_shard: int) -> int:
-    """Query heads split evenly; KV heads split when there are at least as many as shards, and are
-    replicated (one per shard) when fewer heads divide the shard count (GQA with kv_heads < shards)."""
-    if shape.num_heads % num_shard:
-        raise ConfigError(f"num_attention_heads={shape.num_heads} is not divisible by num_shard={num_shard}")
-    kv = shape.num_kv_heads
-    if kv >= num_shard and kv % num_shard == 0:
-        return kv // num_shard
-    if kv < num_shard and num_shard % kv == 0:
-        return 1
-    raise ConfigError(f"num_key_value_heads={kv} can be neither split nor replicated over num_shard={num_shard}")
+    """KV heads of the shard holding the most: every shard's cache gets as many blocks as the most
+    loaded one can hold (the router takes the smallest warmup figure)."""
+    return max(split.kv_count for split in attention_split(shape, num_shard))
 
 
 def parameters_per_shard(shape: ModelShape, num_shard: int) -> int:
-    """Tensor-parallel split (docs/architecture.md, "Decisions": Tensor parallelism): attention by heads, MLP by columns, vocab-parallel embedding
-    and LM head (padded up to a multiple of num_shard); norms and the MoE router are replicated."""
+    """Parameters of the largest shard (rank 0, which the even splits give the larger parts; see
+    docs/architecture.md, "Decisions": Tensor parallelism): attention by KV-head groups, MLP by
+    columns, vocab-parallel embedding and LM head (padded up to a multiple of num_shard); norms and the
+    MoE router are replicated."""
     h, n = shape.hidden_size, num_shard
-    q_cols = shape.num_heads // n * shape.head_dim
-    kv_cols = kv_heads_per_shard(shape, n) * shape.head_dim
+    first = attention_split(shape, n)[0]
+    q_cols = first.q_count * shape.head_dim
+    kv_cols = first.kv_count * shape.head_dim
     attention = h * (q_cols + 2 * kv_cols) + q_cols * h  # q, k, v and o projections
     if shape.attention_bias:
         attention += q_cols + 2 * kv_cols
@@ -405,7 +409,12 @@ def compute_budgets(
         dtype=Figure(dtype, dtype_source),
         weight_bytes_per_shard=Figure(weights, f"parameters per shard from config.json × {dtype_bytes} bytes"),
         model_flops_per_token=Figure(flops, "TGI launcher formula"),
-        kv_heads_per_shard=Figure(kv_heads, "num_key_value_heads split (or replicated) over num_shard"),
+        attention_heads_per_shard=Figure(
+            tuple(split.q_count for split in attention_split(shape, n)),
+            "query heads per shard: KV-head groups as evenly as possible, KV heads "
+            + "+".join(str(split.kv_count) for split in attention_split(shape, n)),
+        ),
+        kv_heads_per_shard=Figure(kv_heads, "the most any shard holds (KV heads split by groups, or replicated)"),
         kv_bytes_per_token_per_shard=Figure(kv_token, "2 (K,V) × layers × kv_heads_per_shard × head_dim × dtype"),
         kv_bytes_per_block_per_shard=Figure(kv_block, f"block_size {settings.block_size} × KV bytes per token"),
         activation_bytes_per_token_per_shard=Figure(activations, "(2·hidden + 3·intermediate/N) × dtype"),

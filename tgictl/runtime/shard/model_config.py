@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tgictl.errors import ConfigError, UnsupportedModelError
+from tgictl.runtime.tensor_parallel import HeadSplit, head_split
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +72,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     sliding_window: int | None = None  # recorded only; see the module docstring
 
-    def heads_per_rank(self, world_size: int) -> int:
-        if self.num_heads % world_size != 0:
-            raise UnsupportedModelError(
-                f"num_attention_heads ({self.num_heads}) must be divisible by the number of shards ({world_size})"
-            )
-        return self.num_heads // world_size
-
-    def kv_heads_per_rank(self, world_size: int) -> int:
-        """KV heads each rank holds: a split when they divide evenly, else replicated (one per rank)."""
-        if self.num_kv_heads % world_size == 0:
-            return self.num_kv_heads // world_size
-        if world_size % self.num_kv_heads == 0:
-            return 1
-        raise UnsupportedModelError(
-            f"num_key_value_heads ({self.num_kv_heads}) and the number of shards ({world_size}) "
-            "must divide one another"
-        )
+    def head_split(self, rank: int, world_size: int) -> HeadSplit:
+        """The attention heads rank `rank` of `world_size` holds (tgictl/runtime/tensor_parallel.py)."""
+        return head_split(self.num_heads, self.num_kv_heads, rank, world_size)
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:

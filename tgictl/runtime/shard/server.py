@@ -73,7 +73,8 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     device = select_device(config.rank)
     dtype = config.dtype or default_dtype(device)
     dist = init_distributed(
-        config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device
+        config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device,
+        shared_memory=read_env().shm_collectives,
     )
     runtime = ShardRuntime.load(
         model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory

@@ -19,16 +19,16 @@ from torch import Tensor
 
 from tgictl.errors import ConfigError, UnsupportedModelError
 from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.tensor_parallel import even_split
 
 INDEX_FILE = "model.safetensors.index.json"
 
 
 def split_range(size: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Rank's [start, stop) of an even split of `size`; raises when it does not divide."""
-    if size % world_size != 0:
-        raise UnsupportedModelError(f"a dimension of size {size} cannot be split evenly over {world_size} shards")
-    part = size // world_size
-    return rank * part, (rank + 1) * part
+    """Rank's [start, stop) of `size` split as evenly as possible (parts differ by at most one)."""
+    if size < world_size:
+        raise UnsupportedModelError(f"a dimension of size {size} cannot be split over {world_size} shards")
+    return even_split(size, rank, world_size)
 
 
 class Weights:

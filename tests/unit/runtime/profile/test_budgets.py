@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tgictl.errors import ConfigError
+from tgictl.errors import ConfigError, UnsupportedModelError
 from tgictl.runtime.host import CpuHost
 from tgictl.runtime.profile.budgets import (
     BudgetSettings,
@@ -110,6 +110,7 @@ def test_tiny_on_cpu() -> None:
         "dtype": "float32",
         "weight_bytes_per_shard": 558336,  # 139584 · 4
         "model_flops_per_token": 163840,
+        "attention_heads_per_shard": [4],
         "kv_heads_per_shard": 2,
         "kv_bytes_per_token_per_shard": 512,  # 2 · 2 layers · 2 kv heads · 16 · 4 bytes
         "kv_bytes_per_block_per_shard": 8192,  # 16 · 512
@@ -288,8 +289,12 @@ def test_sizes_follow_the_shards_default_dtype_not_config_json() -> None:
 def test_not_enough_gpus_or_indivisible_heads() -> None:
     with pytest.raises(ConfigError, match="num_shard=2 needs 2 GPUs, NVML lists 1"):
         compute_budgets(model_shape(TINY), gpu_hardware("NVIDIA L4", 1, 24 * GIB), BudgetSettings(num_shard=2))
-    with pytest.raises(ConfigError, match="num_attention_heads=9 is not divisible by num_shard=2"):
-        compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(num_shard=2))
+    # SmolLM2's 9 query heads over 3 KV heads do split over 2 shards: 2 KV-head groups and 1.
+    two = compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(num_shard=2))
+    assert two.attention_heads_per_shard.value == (6, 3) and two.kv_heads_per_shard.value == 2
+    assert "KV heads 2+1" in two.attention_heads_per_shard.source
+    with pytest.raises(UnsupportedModelError, match="10 shards are more than the model's 9 attention heads"):
+        compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(num_shard=10))
 
 
 @pytest.mark.parametrize(

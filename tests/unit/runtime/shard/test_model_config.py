@@ -55,14 +55,11 @@ def test_sliding_window_is_recorded_only_when_enabled() -> None:
     assert ModelConfig.from_dict(qwen2).sliding_window is None
 
 
-def test_heads_per_rank_split_and_replicate() -> None:
-    config = ModelConfig.from_dict(BASE)
-    assert config.heads_per_rank(2) == 4 and config.kv_heads_per_rank(2) == 1
-    assert config.kv_heads_per_rank(4) == 1  # 2 KV heads over 4 ranks: each rank holds one, replicated
-    with pytest.raises(UnsupportedModelError, match="num_attention_heads \\(8\\) must be divisible .* \\(3\\)"):
-        config.heads_per_rank(3)
-    with pytest.raises(UnsupportedModelError, match="num_key_value_heads \\(2\\) and the number of shards \\(3\\)"):
-        config.kv_heads_per_rank(3)
+def test_head_split_of_a_config() -> None:
+    config = ModelConfig.from_dict(BASE)  # 8 heads, 2 KV heads
+    assert [config.head_split(r, 2).q_count for r in range(2)] == [4, 4]
+    assert [(s.kv_start, s.kv_count) for s in (config.head_split(r, 4) for r in range(4))] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    assert [config.head_split(r, 3).q_count for r in range(3)] == [2, 2, 4]  # KV head 0's group shared by 2 ranks
 
 
 def test_unsupported_activation_and_partial_rotary_are_refused() -> None:

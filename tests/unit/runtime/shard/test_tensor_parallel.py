@@ -67,13 +67,20 @@ CASES: list[tuple[str, dict[str, object], torch.dtype]] = [
     ("split kv heads, tied, uneven vocab", {"family": "qwen2", "vocab_size": 509}, torch.float32),
     ("replicated kv head, untied", {"family": "llama", "num_kv_heads": 1}, torch.float32),
     ("qk norm, bfloat16", {"family": "qwen3"}, torch.bfloat16),
+    # SmolLM2's head layout: 9 query heads over 3 KV heads split by groups, 6 + 3; an odd MLP width.
+    ("uneven head groups", {"family": "llama", "hidden_size": 72, "num_heads": 9, "num_kv_heads": 3,
+                            "intermediate_size": 130}, torch.float32),
+    ("uneven head groups, bfloat16", {"family": "llama", "hidden_size": 72, "num_heads": 9, "num_kv_heads": 3},
+     torch.bfloat16),
 ]
 
 
-def _worker(rank: int, jobs: list[tuple[str, torch.dtype]], port: int, out_dir: str) -> None:
+def _worker(rank: int, jobs: list[tuple[str, torch.dtype]], port: int, out_dir: str, shared_memory: bool) -> None:
     torch.set_num_threads(1)  # two ranks share the CI machine's two cores
-    dist = init_distributed(rank, WORLD_SIZE, "127.0.0.1", port, CPU, timeout_s=TIMEOUT_S)
+    dist = init_distributed(rank, WORLD_SIZE, "127.0.0.1", port, CPU, timeout_s=TIMEOUT_S,
+                            shared_memory=shared_memory)
     try:
+        assert (dist.shm is not None) == shared_memory
         results = [scenario(Path(model_dir), dtype, dist) for model_dir, dtype in jobs]
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -81,12 +88,16 @@ def _worker(rank: int, jobs: list[tuple[str, torch.dtype]], port: int, out_dir: 
 
 
 
-@pytest.fixture(scope="module")
-def tp_results(make_tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """{case: (rank 0 logits, rank 1 logits, TP=1 logits)}, each a list of per-step tensors."""
+@pytest.fixture(scope="module", params=["shared memory", "gloo"])
+def tp_results(
+    request: pytest.FixtureRequest, make_tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple]:
+    """{case: (rank 0 logits, rank 1 logits, TP=1 logits)}, each a list of per-step tensors; once with
+    the shared-memory collectives of one host, once with gloo's."""
     out_dir = tmp_path_factory.mktemp("tp")
     jobs = [(str(make_tiny_model(**overrides)), dtype) for _, overrides, dtype in CASES]
-    context = mp.spawn(_worker, args=(jobs, free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=False)
+    shared_memory = request.param == "shared memory"
+    context = mp.spawn(_worker, args=(jobs, free_port(), str(out_dir), shared_memory), nprocs=WORLD_SIZE, join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -110,8 +121,9 @@ def test_two_ranks_match_one(case: str, tp_results: dict[str, tuple]) -> None:
         assert (ours0 - reference).abs().max().item() <= 1e-4
 
 
-def test_two_ranks_in_bfloat16_agree(tp_results: dict[str, tuple]) -> None:
-    rank0, rank1, single = tp_results["qk norm, bfloat16"]
+@pytest.mark.parametrize("case", [name for name, _, dtype in CASES if dtype == torch.bfloat16])
+def test_two_ranks_in_bfloat16_agree(case: str, tp_results: dict[str, tuple]) -> None:
+    rank0, rank1, single = tp_results[case]
     for ours0, ours1, reference in zip(rank0, rank1, single):
         assert torch.equal(ours0, ours1)
         assert torch.equal(ours0.argmax(-1), reference.argmax(-1))

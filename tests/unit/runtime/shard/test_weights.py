@@ -82,11 +82,17 @@ def test_bf16_checkpoint_loads_as_float32(tmp_path: Path) -> None:
     assert loaded.dtype == torch.float32 and torch.equal(loaded, source.float())
 
 
-def test_uneven_split_is_refused(sharded_dir: Path) -> None:
-    with Weights(sharded_dir, dtype=torch.float32, device=CPU, dist=DistContext(rank=0, world_size=3)) as weights:
-        with pytest.raises(UnsupportedModelError, match="size 8 cannot be split evenly over 3"):
-            weights.get_sharded("a.weight", 0)
+def test_an_uneven_split_gives_the_first_ranks_one_more(sharded_dir: Path) -> None:
+    parts = []
+    for rank in range(3):
+        with Weights(sharded_dir, dtype=torch.float32, device=CPU, dist=DistContext(rank=rank, world_size=3)) as weights:
+            parts.append(weights.get_sharded("a.weight", 0))
+            full = weights.get("a.weight")
+    assert [p.shape[0] for p in parts] == [3, 3, 2]  # 8 rows over 3 ranks
+    assert torch.equal(torch.cat(parts), full)
     assert split_range(12, 2, 3) == (8, 12)
+    with pytest.raises(UnsupportedModelError, match="size 2 cannot be split over 3 shards"):
+        split_range(2, 0, 3)
 
 
 def test_missing_tensor_names_it(sharded_dir: Path) -> None:

@@ -4,8 +4,9 @@ One fused column-parallel matmul gives this rank's q, k and v heads; rotary is a
 the new K/V are written to their slots, and the kernel attends over each sequence's blocks. The
 output projection is row-parallel (all-reduce).
 
-With more ranks than KV heads, KV heads are replicated: rank r holds KV head r * kv_heads // world,
-the one its query heads read (query head h uses KV head h // (heads // kv_heads)).
+Ranks hold whole KV-head groups (a KV head and the query heads that read it) as evenly as possible,
+so the split need not divide the heads; with more ranks than KV heads a KV head is replicated on the
+ranks that share its group (tgictl/runtime/tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -44,16 +45,12 @@ class PagedAttention(nn.Module):
         dist = weights.dist
         d = config.head_dim
         self.head_dim = d
-        self.num_heads = config.heads_per_rank(dist.world_size)
-        self.num_kv_heads = config.kv_heads_per_rank(dist.world_size)
+        split = config.head_split(dist.rank, dist.world_size)
+        self.num_heads = split.q_count
+        self.num_kv_heads = split.kv_count
         self.scale = d**-0.5
-        q_start = dist.rank * self.num_heads
-        if config.num_kv_heads % dist.world_size == 0:
-            kv_start = dist.rank * self.num_kv_heads
-        else:  # replicated KV heads (see module docstring)
-            kv_start = dist.rank * config.num_kv_heads // dist.world_size
-        q_rows = (q_start * d, (q_start + self.num_heads) * d)
-        kv_rows = (kv_start * d, (kv_start + self.num_kv_heads) * d)
+        q_rows = (split.q_start * d, (split.q_start + split.q_count) * d)
+        kv_rows = (split.kv_start * d, (split.kv_start + split.kv_count) * d)
         # qkv weight: [(heads + 2 * kv_heads) * head_dim, hidden], rows q | k | v of this rank
         self.qkv = ColumnParallelLinear.load_ranges(
             weights,

@@ -28,6 +28,7 @@ class CausalLM(nn.Module, ABC):
         """A zeroed cache shaped for this model and rank (dtype defaults to the model's)."""
         return KVCache.for_model(
             self.config,
+            rank=self.dist.rank,
             world_size=self.dist.world_size,
             num_blocks=num_blocks,
             block_size=block_size,
@@ -39,7 +40,7 @@ class CausalLM(nn.Module, ABC):
         return KVCache.bytes_per_block(
             self.config.num_layers,
             block_size,
-            self.config.kv_heads_per_rank(self.dist.world_size),
+            self.config.head_split(self.dist.rank, self.dist.world_size).kv_count,
             self.config.head_dim,
             dtype or self.dtype,
         )

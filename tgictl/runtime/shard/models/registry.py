@@ -48,8 +48,7 @@ def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dis
     config = ModelConfig.from_dir(Path(model_dir))
     cls = model_class(config.model_type)
     # Fail on an unsplittable head count before reading any weight.
-    config.heads_per_rank(dist.world_size)
-    config.kv_heads_per_rank(dist.world_size)
+    config.head_split(dist.rank, dist.world_size)
     start = time.perf_counter()
     with Weights(Path(model_dir), dtype=dtype, device=device, dist=dist) as weights:
         model = cls(config, weights, dtype=dtype, device=device, dist=dist)
