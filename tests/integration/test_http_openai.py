@@ -170,3 +170,40 @@ def test_huggingface_hub_chat(stack: Stack, client: openai.OpenAI) -> None:
     streamed = list(hub.chat_completion(MESSAGES, max_tokens=N, temperature=0.0, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected.choices[0].message.content
     assert json.loads(json.dumps(out.usage.prompt_tokens)) == expected.usage.prompt_tokens
+
+
+def expected_cached(prompt_len: int, block_size: int) -> int:
+    """What the radix cache gives a prompt seen before: its full blocks, and never the whole prompt
+    (the last token goes through the model for its logits)."""
+    return min(prompt_len // block_size * block_size, prompt_len - 1)
+
+
+def test_cached_tokens_from_the_radix_cache(client: openai.OpenAI, http: httpx.Client) -> None:
+    block_size = http.get("/info").json()["block_size"]
+    prompt = "a long prompt about foxes that the radix cache keeps " * 4
+    messages = [{"role": "user", "content": prompt + "(chat)"}]
+    cold = client.chat.completions.create(model="tgi", messages=messages, max_tokens=2, **GREEDY)
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert cold.usage.prompt_tokens > 2 * block_size
+    warm = client.chat.completions.create(model="tgi", messages=messages, max_tokens=2, **GREEDY)
+    cached = expected_cached(warm.usage.prompt_tokens, block_size)
+    assert warm.usage.prompt_tokens_details.cached_tokens == cached > 0
+    chunks = list(client.chat.completions.create(model="tgi", messages=messages, max_tokens=2, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
+
+    text = prompt + "(completions)"
+    length = prompt_tokens(http, text)
+    first = client.completions.create(model="tgi", prompt=text, max_tokens=2, **GREEDY)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = client.completions.create(model="tgi", prompt=text, max_tokens=2, **GREEDY)
+    assert again.usage.prompt_tokens_details.cached_tokens == expected_cached(length, block_size)
+    streamed = list(client.completions.create(model="tgi", prompt=text, max_tokens=2, stream=True,
+                                              stream_options={"include_usage": True}, **GREEDY))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == expected_cached(length, block_size)
+
+    tgi = http.post("/generate", json={"inputs": text, "parameters": {"max_new_tokens": 2, "details": True}})
+    assert tgi.json()["details"]["cached_tokens"] == expected_cached(length, block_size)
+    stream = http.post("/generate_stream", json={"inputs": text, "parameters": {"max_new_tokens": 2, "details": True}})
+    last = json.loads(stream.text.strip().split("\n\n")[-1].removeprefix("data:"))
+    assert last["details"]["cached_tokens"] == expected_cached(length, block_size)

@@ -70,6 +70,7 @@ class EndEvent:
     input_length: int
     queued_s: float  # seconds spent waiting in the queue
     inference_s: float  # seconds from first scheduling to the end
+    cached_tokens: int = 0  # prompt tokens whose KV came from the radix cache (the first round's cache_len)
 
 
 @dataclass(frozen=True)

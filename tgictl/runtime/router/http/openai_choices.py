@@ -63,21 +63,26 @@ async def start_jobs(service: RouterService, jobs: list[Job]) -> tuple[list[Admi
     return admissions, validated
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(jobs: list[Job], ends: dict[int, EndEvent]) -> dict[str, Any]:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens` counts the prompt tokens whose KV came
+    from the radix cache (docs/architecture.md, "Memory model")."""
+    prompt, cached = _prompt_tokens(jobs, ends)
+    completion = sum(e.generated_tokens for e in ends.values())
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
-def _prompt_tokens(jobs: list[Job], ends: dict[int, EndEvent]) -> int:
-    """Each prompt counts once, however many choices it has."""
-    seen: dict[int, int] = {}
+def _prompt_tokens(jobs: list[Job], ends: dict[int, EndEvent]) -> tuple[int, int]:
+    """Prompt and cached prompt tokens; each prompt counts once, however many choices it has."""
+    seen: dict[int, EndEvent] = {}
     for job in jobs:
         if job.index in ends:
-            seen[job.prompt] = ends[job.index].input_length
-    return sum(seen.values())
+            seen[job.prompt] = ends[job.index]
+    return sum(e.input_length for e in seen.values()), sum(e.cached_tokens for e in seen.values())
 
 
 class OpenAIRun:
@@ -122,7 +127,7 @@ class OpenAIRun:
         if outcomes is None:
             return Response(status_code=499)
         ends = {job.index: o.end for job, o in zip(jobs, outcomes)}
-        usage = _usage(_prompt_tokens(jobs, ends), sum(o.end.generated_tokens for o in outcomes))
+        usage = _usage(jobs, ends)
         choices = [final(job, o) for job, o in zip(jobs, outcomes)]
         return TgiJSONResponse(self.envelope(self.object, choices, usage=usage))
 
@@ -154,8 +159,7 @@ class OpenAIRun:
                         ends[jobs[i].index] = event
                     yield sse(self.envelope(chunk_object, [chunk(jobs[i], event)], **usage_key))
             if include_usage:
-                completion = sum(e.generated_tokens for e in ends.values())
-                yield sse(self.envelope(chunk_object, [], usage=_usage(_prompt_tokens(jobs, ends), completion)))
+                yield sse(self.envelope(chunk_object, [], usage=_usage(jobs, ends)))
             yield sse("[DONE]")
         finally:
             channel.close()

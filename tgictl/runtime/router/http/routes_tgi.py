@@ -49,6 +49,7 @@ def _details(outcome: Outcome, with_prefill: bool) -> dict[str, Any]:
         "finish_reason": TGI_FINISH_REASONS[end.finish_reason],
         "generated_tokens": end.generated_tokens,
         "seed": end.seed,
+        "cached_tokens": end.cached_tokens,  # tgictl extension: prompt tokens the radix cache supplied
         "prefill": [prefill_dict(t) for t in outcome.prefill] if with_prefill else [],
         "tokens": [token_dict(t) for t in outcome.tokens],
     }
@@ -154,6 +155,7 @@ async def _events(
                         "generated_tokens": event.generated_tokens,
                         "seed": event.seed,
                         "input_length": event.input_length,
+                        "cached_tokens": event.cached_tokens,
                     }
                 yield sse(message)
                 return

@@ -67,6 +67,7 @@ class Entry:
         self.queue_time = time.monotonic()
         self.id = -1  # assigned by the queue, anew for every round
         self.batch_time: float | None = None  # first scheduled (every round counts from here)
+        self.cached_tokens = 0  # the first round's cache_len: prompt tokens the radix cache supplied
         self.allocation: BlockAllocation | None = None
         self.generated_ids: list[int] = []  # across all rounds
         self.finished = False
@@ -172,6 +173,7 @@ class Entry:
                 input_length=self.request.input_length,
                 queued_s=started - self.queue_time,
                 inference_s=now - started,
+                cached_tokens=self.cached_tokens,
             )
         )
 

@@ -126,6 +126,7 @@ class Queue:
             request = entry.round
             if entry.batch_time is None:  # the first round's: queue and inference times span all rounds
                 entry.batch_time = now
+                entry.cached_tokens = cache_len  # what the client's prompt found cached (usage, details)
             entry.allocation = allocation
             entries[entry.id] = entry
             requests.append(

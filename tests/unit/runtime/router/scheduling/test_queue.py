@@ -142,6 +142,8 @@ def test_cached_prefix_sets_cache_len_and_a_full_hit_recomputes_the_last_token_p
     # block of its own, never in the cached block other requests read.
     assert same.cache_len == 8 and same.blocks[:2] == longer.blocks[:2]
     assert same.blocks[2] not in longer.blocks
+    # The entries remember it for the client's usage (cached_tokens): the first round's cache_len.
+    assert [e.cached_tokens for e in nb.entries.values()] == [12, 8] and first.cached_tokens == 0
     allocator.check_integrity()
 
 
