@@ -21,6 +21,7 @@ from typing import Protocol
 from tgictl.config import RouterConfig
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
+from tgictl.runtime.router.gateway_metrics import GatewaySources, kv_usage_fraction, register_gateway_gauges
 from tgictl.runtime.router.health import HealthChecker
 from tgictl.runtime.router.kv.prefix_allocator import create_allocator
 from tgictl.runtime.router.metered_client import MeteredClient
@@ -141,6 +142,13 @@ class RouterService:
             kv_free=lambda: allocator.free_blocks,
             kv_cached=lambda: allocator.cached_blocks,
         )
+        register_gateway_gauges(self.metrics.registry, GatewaySources(
+            waiting=lambda: len(self.queue),
+            running=lambda: self.batcher.in_flight,
+            kv_usage=lambda: kv_usage_fraction(allocator.used_blocks, allocator.total_blocks),
+            block_size=info.block_size,
+            num_blocks=allocator.total_blocks,
+        ))
         self._executor = ThreadPoolExecutor(config.validation_workers, thread_name_prefix="validation")
         self._batcher_task: asyncio.Task[None] | None = None
         self.draining = False

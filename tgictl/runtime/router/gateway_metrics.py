@@ -1,0 +1,58 @@
+"""The gauges that replica-aware routers read, under vLLM's names: Kubernetes' Gateway API Inference
+Extension (its endpoint picker's "model server protocol") and llm-d scrape these from every replica to
+pick one, so tgictl replicas can sit behind that scheduler as vLLM's do.
+
+| name | type | what tgictl reports |
+| --- | --- | --- |
+| `vllm:num_requests_waiting` | gauge | requests in the router's queue (TotalQueuedRequests) |
+| `vllm:num_requests_running` | gauge | requests in the running batch (TotalRunningRequests) |
+| `vllm:kv_cache_usage_perc` | gauge | KV blocks pinned by live requests / usable blocks, a fraction 0..1 (KVCacheUtilization); blocks only the prefix cache holds are evictable, so they count as free, as in vLLM |
+| `vllm:gpu_cache_usage_perc` | gauge | the same figure under the name older endpoint pickers scrape |
+| `vllm:lora_requests_info` | gauge | value: when the adapter set last changed (Unix s); labels `max_lora`, `running_lora_adapters`, `waiting_lora_adapters`: "0", "", "" (tgictl serves no adapters yet) |
+| `vllm:cache_config_info` | gauge | value 1; labels `block_size`, `num_gpu_blocks` (the optional BlockSize of the protocol) |
+
+Read at scrape time from the live objects (docs/architecture.md, "Memory model"), like the other gauges.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Gauge
+
+
+@dataclass(frozen=True)
+class GatewaySources:
+    """Where each gauge reads its value."""
+
+    waiting: Callable[[], float]
+    running: Callable[[], float]
+    kv_usage: Callable[[], float]  # a fraction 0..1
+    block_size: int
+    num_blocks: int
+
+
+def kv_usage_fraction(used_blocks: int, total_blocks: int) -> float:
+    return used_blocks / total_blocks if total_blocks > 0 else 0.0
+
+
+def register_gateway_gauges(registry: CollectorRegistry, sources: GatewaySources) -> None:
+    Gauge("vllm:num_requests_waiting", "Requests waiting in the queue", registry=registry).set_function(
+        sources.waiting
+    )
+    Gauge("vllm:num_requests_running", "Requests in the running batch", registry=registry).set_function(
+        sources.running
+    )
+    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+        Gauge(name, "KV-cache usage: blocks held by live requests / usable blocks (0..1)",
+              registry=registry).set_function(sources.kv_usage)
+    lora = Gauge(
+        "vllm:lora_requests_info", "LoRA adapters: value is when the set last changed (Unix s)",
+        ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=registry,
+    )
+    lora.labels(max_lora="0", running_lora_adapters="", waiting_lora_adapters="").set(time.time())
+    cache = Gauge("vllm:cache_config_info", "KV cache configuration", ["block_size", "num_gpu_blocks"],
+                  registry=registry)
+    cache.labels(block_size=str(sources.block_size), num_gpu_blocks=str(sources.num_blocks)).set(1)
