@@ -258,6 +258,10 @@ def _fill_generation(dst: pb.Generation, g: Generation) -> None:
             _fill_tokens(add(), t)
     if g.generated_text is not None:
         _fill_generated_text(dst.generated_text, g.generated_text)
+    if g.prefill_top_tokens:
+        add = dst.prefill_top_tokens.add
+        for t in g.prefill_top_tokens:
+            _fill_tokens(add(), t)
 
 
 def generation_to_pb(g: Generation) -> pb.Generation:
@@ -275,6 +279,7 @@ def generation_from_pb(m: pb.Generation) -> Generation:
         tokens_from_pb(m.prefill_tokens) if m.HasField("prefill_tokens") else None,
         tuple([tokens_from_pb(t) for t in top_tokens]) if top_tokens else (),
         generated_text_from_pb(m.generated_text) if m.HasField("generated_text") else None,
+        tuple([tokens_from_pb(t) for t in m.prefill_top_tokens]) if m.prefill_top_tokens else (),
     )
 
 

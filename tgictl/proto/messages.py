@@ -126,6 +126,7 @@ class Generation:
     prefill_tokens: Tokens | None = None  # prompt logprobs, on the first generation, when asked
     top_tokens: tuple[Tokens, ...] = ()  # one entry per token in `tokens` when top_n_tokens > 0
     generated_text: GeneratedText | None = None  # set when the request finished on the shard
+    prefill_top_tokens: tuple[Tokens, ...] = ()  # one per prompt token, with prefill_tokens and top_n_tokens
 
 
 @dataclass(frozen=True)

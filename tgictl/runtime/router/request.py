@@ -40,9 +40,11 @@ class TokenInfo:
 
 @dataclass(frozen=True)
 class PrefillEvent:
-    """Prompt tokens with their logprobs (only when decoder_input_details was asked)."""
+    """Prompt tokens with their logprobs (only when decoder_input_details was asked), and with
+    top_n_tokens also the most likely tokens at each prompt position (empty where none exists)."""
 
     tokens: tuple[TokenInfo, ...]
+    top_tokens: tuple[tuple[TokenInfo, ...], ...] = ()
 
 
 @dataclass(frozen=True)

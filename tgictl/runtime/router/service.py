@@ -115,6 +115,7 @@ class RouterService:
                 max_stop_sequences=config.max_stop_sequences,
                 max_top_n_tokens=config.max_top_n_tokens,
                 max_new_tokens_per_round=config.max_new_tokens_per_round,
+                vocab_size=info.vocab_size,
             ),
         )
         # The router owns the prefix cache; the shard only says whether it can compute from a cached prefix.

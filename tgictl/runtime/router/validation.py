@@ -33,6 +33,7 @@ class ValidationLimits:
     max_stop_sequences: int = 4
     max_top_n_tokens: int = 5
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
+    vocab_size: int | None = None  # the model's: token-id prompts must stay below it
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class GenerationInput:
     top_n_tokens: int | None = None
     decoder_input_details: bool = False
     ignore_eos: bool = False
+    # A prompt given as token ids (OpenAI completions): used as is, never re-tokenized; `inputs` then
+    # holds its decoded text.
+    input_ids: tuple[int, ...] | None = None
 
 
 # The shards compute in float32: a larger double (1e308) becomes inf there and fails the batch.
@@ -151,7 +155,7 @@ class Validator:
             raise ValidationError(
                 f"`top_n_tokens` must be >= 0 and <= {limits.max_top_n_tokens}. Given: {top_n}"
             )
-        if request.inputs == "":
+        if request.inputs == "" and request.input_ids is None:
             raise ValidationError("`inputs` cannot be empty")
         if request.truncate is not None and not 0 < request.truncate <= limits.max_input_tokens:
             raise ValidationError(
@@ -163,7 +167,7 @@ class Validator:
         if request.stream and request.decoder_input_details:
             raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens")
 
-        ids = self._tokenizer.encode(request.inputs, add_special_tokens=request.add_special_tokens)
+        ids = self._prompt_ids(request)
         if request.truncate is not None:
             ids = ids[-request.truncate :]
         input_length = len(ids)
@@ -194,6 +198,15 @@ class Validator:
             top_n_tokens=top_n,
             decoder_input_details=request.decoder_input_details,
         )
+
+    def _prompt_ids(self, request: GenerationInput) -> list[int]:
+        if request.input_ids is None:
+            return self._tokenizer.encode(request.inputs, add_special_tokens=request.add_special_tokens)
+        vocab = self.limits.vocab_size
+        bad = [i for i in request.input_ids if i < 0 or (vocab is not None and i >= vocab)]
+        if bad:
+            raise ValidationError(f"token ids must be >= 0 and < {vocab}. Given: {bad[0]}")
+        return list(request.input_ids)
 
     def validate_best_of(self, best_of: int) -> int:
         limits = self.limits

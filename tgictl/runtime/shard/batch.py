@@ -45,6 +45,8 @@ class RowState:
     generated: int = 0  # tokens emitted so far (also the request's sampling step)
     # Prompt logprobs gathered over the chunks, when the request asked for them (NaN where none exists).
     prompt_logprobs: list[float] | None = None
+    # With prompt logprobs and top_n_tokens: the top tokens per prompt position (empty where none exists).
+    prompt_top: list[tuple[list[int], list[float]]] | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -142,6 +144,10 @@ class ShardBatch:
                     chunk_len=rest if request.chunk_len is None else request.chunk_len,
                     # Cached prompt tokens were not recomputed and the first token has no predecessor.
                     prompt_logprobs=[float("nan")] * (request.cache_len + 1) if request.prefill_logprobs else None,
+                    prompt_top=(
+                        [([], [])] * (request.cache_len + 1)
+                        if request.prefill_logprobs and request.top_n_tokens else None
+                    ),
                 )
             )
         params = [r.sampling for r in batch.requests]

@@ -81,7 +81,7 @@ class ModelRunner:
         reports = self.dist.rank == 0
         top_n = [row.request.top_n_tokens if emit else 0 for row, emit in zip(rows, emits)]
         top = top_n_tokens(chosen.log_probs, top_n) if reports and any(top_n) else None
-        prompt_lps = self._prompt_logprobs(logits, inputs, rows) if reports else {}
+        prompt_lps, prompt_tops = self._prompt_logprobs(logits, inputs, rows) if reports else ({}, {})
         next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
         next_lps: list[float] = chosen.logprobs.tolist()
         forward_done = time.perf_counter_ns()
@@ -92,6 +92,8 @@ class ModelRunner:
         for b, row in enumerate(rows):
             if b in prompt_lps:
                 row.prompt_logprobs.extend(prompt_lps[b])  # type: ignore[union-attr]
+            if b in prompt_tops:
+                row.prompt_top.extend(prompt_tops[b])  # type: ignore[union-attr]
             row.cache_len += row.chunk_len
             if not emits[b]:
                 continue
@@ -116,14 +118,17 @@ class ModelRunner:
         timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)
         return generations, next_batch, timings
 
-    def _prompt_logprobs(self, logits: Tensor, inputs: StepInputs, rows: list[RowState]) -> dict[int, list[float]]:
-        """Raw-logit log-probabilities of each next prompt token, for rows that asked (TGI's FlashCausalLM.generate_token, prefill logprobs).
+    def _prompt_logprobs(
+        self, logits: Tensor, inputs: StepInputs, rows: list[RowState]
+    ) -> tuple[dict[int, list[float]], dict[int, list[tuple[list[int], list[float]]]]]:
+        """Raw-logit log-probabilities of each next prompt token, for rows that asked (TGI's FlashCausalLM.generate_token, prefill logprobs),
+        and, for rows that also asked for top_n_tokens, the most likely tokens at those positions.
 
         Logit row j of a chunk starting at position c predicts prompt token c + j + 1; the last row of
         the prompt's final chunk predicts the first generated token instead and is left out.
         """
         if not inputs.prompt_spans:
-            return {}
+            return {}, {}
         logit_rows: list[int] = []
         targets: list[int] = []
         counts: dict[int, int] = {}
@@ -137,14 +142,21 @@ class ModelRunner:
         index = torch.tensor(logit_rows, dtype=torch.int64, device=logits.device)
         target = torch.tensor(targets, dtype=torch.int64, device=logits.device)
         # [m, V] -> [m]: only the chosen column survives, but log_softmax needs the whole row.
-        values = torch.log_softmax(logits.index_select(0, index).float(), dim=-1).gather(1, target[:, None])[:, 0]
-        flat: list[float] = values.tolist()
+        log_probs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        flat: list[float] = log_probs.gather(1, target[:, None])[:, 0].tolist()
+        # Top-n lists come from the same tensor, so a prompt token that is the most likely one has
+        # exactly its top entry's logprob (evaluation harnesses compare them for equality).
+        top_n = [rows[b].request.top_n_tokens for b, count in counts.items() for _ in range(count)]
+        tops = top_n_tokens(log_probs, top_n) if any(top_n) else None
         out: dict[int, list[float]] = {}
+        out_top: dict[int, list[tuple[list[int], list[float]]]] = {}
         at = 0
         for b, count in counts.items():
             out[b] = flat[at : at + count]
+            if tops is not None and rows[b].prompt_top is not None:
+                out_top[b] = tops[at : at + count]
             at += count
-        return out
+        return out, out_top
 
     def health(self) -> bool:
         """A real one-token forward writing only block 0 (reserved for probes, docs/architecture.md, "Decisions": The router owns memory)."""
@@ -176,8 +188,11 @@ def _generation(
     """What `row` reports for the token it just appended to all_ids."""
     request = row.request
     prefill = None
+    prefill_top: tuple[Tokens, ...] = ()
     if first and row.prompt_logprobs is not None:
         prefill = Tokens(ids=request.input_ids, logprobs=tuple(row.prompt_logprobs))
+        if row.prompt_top is not None:
+            prefill_top = tuple(_tokens(entry) for entry in row.prompt_top)
     done = None
     if reason is not None:
         seed = request.sampling.seed if request.sampling.samples else None
@@ -188,6 +203,7 @@ def _generation(
         prefill_tokens=prefill,
         top_tokens=top_tokens,
         generated_text=done,
+        prefill_top_tokens=prefill_top,
     )
 
 

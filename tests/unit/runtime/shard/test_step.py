@@ -149,6 +149,17 @@ def test_three_chunk_prefill_equals_one_prefill(runner: ModelRunner, hf_model: t
     best = torch.topk(reference[-1], 2)
     assert first_chunked.top_tokens[0].ids == tuple(best.indices.tolist())
     assert list(first_chunked.top_tokens[0].logprobs) == pytest.approx(best.values.tolist(), abs=1e-4)
+    # Top-n at every prompt position, gathered over the three chunks: transformers' n most likely
+    # after each prefix; a prompt token that is the most likely one has exactly its top logprob.
+    tops = first_chunked.prefill_top_tokens
+    assert len(tops) == len(LONG_PROMPT) and tops[0].ids == ()
+    assert [t.ids for t in tops] == [t.ids for t in first_one.prefill_top_tokens]
+    for p in range(1, len(LONG_PROMPT)):
+        best = torch.topk(reference[p - 1], 2)
+        assert tops[p].ids == tuple(best.indices.tolist())
+        assert list(tops[p].logprobs) == pytest.approx(best.values.tolist(), abs=1e-4)
+        if tops[p].ids[0] == LONG_PROMPT[p]:
+            assert tops[p].logprobs[0] == first_chunked.prefill_tokens.logprobs[p]
 
 
 def test_chunked_sampled_request_draws_as_if_prefilled_at_once(runner: ModelRunner) -> None:
@@ -208,6 +219,7 @@ def test_prompt_logprobs_of_several_rows_in_one_forward(runner: ModelRunner, hf_
     generations, _, _ = runner.generate_token(shard_batch(runner, 0, requests))
     by_id = {g.request_id: g for g in generations}
     assert by_id[1].prefill_tokens is None
+    assert all(g.prefill_top_tokens == () for g in generations)  # no top_n_tokens asked
     for rid, prompt in ((0, PROMPTS[1]), (2, PROMPTS[3])):
         reference = hf_log_softmax(hf_model, prompt)
         expected = [reference[p - 1, prompt[p]].item() for p in range(1, len(prompt))]

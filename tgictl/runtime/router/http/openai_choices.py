@@ -63,11 +63,12 @@ async def start_jobs(service: RouterService, jobs: list[Job]) -> tuple[list[Admi
     return admissions, validated
 
 
-def _usage(jobs: list[Job], ends: dict[int, EndEvent]) -> dict[str, Any]:
+def _usage(jobs: list[Job], ends: dict[int, EndEvent], counted: Callable[[int], int]) -> dict[str, Any]:
     """OpenAI's usage; `prompt_tokens_details.cached_tokens` counts the prompt tokens whose KV came
-    from the radix cache (docs/architecture.md, "Memory model")."""
+    from the radix cache (docs/architecture.md, "Memory model"). `counted`: the completion tokens a
+    choice returns of those it generated."""
     prompt, cached = _prompt_tokens(jobs, ends)
-    completion = sum(e.generated_tokens for e in ends.values())
+    completion = sum(counted(e.generated_tokens) for e in ends.values())
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -88,8 +89,11 @@ def _prompt_tokens(jobs: list[Job], ends: dict[int, EndEvent]) -> tuple[int, int
 class OpenAIRun:
     """What one OpenAI call shares between its choices."""
 
-    def __init__(self, service: RouterService, kind: str, obj: str) -> None:
+    def __init__(
+        self, service: RouterService, kind: str, obj: str, completion_tokens: Callable[[int], int] = lambda n: n
+    ) -> None:
         self.service = service
+        self.completion_tokens = completion_tokens
         self.id = f"{kind}-{uuid.uuid4().hex}"
         self.object = obj
         self.created = int(time.time())
@@ -127,7 +131,7 @@ class OpenAIRun:
         if outcomes is None:
             return Response(status_code=499)
         ends = {job.index: o.end for job, o in zip(jobs, outcomes)}
-        usage = _usage(jobs, ends)
+        usage = _usage(jobs, ends, self.completion_tokens)
         choices = [final(job, o) for job, o in zip(jobs, outcomes)]
         return TgiJSONResponse(self.envelope(self.object, choices, usage=usage))
 
@@ -159,7 +163,7 @@ class OpenAIRun:
                         ends[jobs[i].index] = event
                     yield sse(self.envelope(chunk_object, [chunk(jobs[i], event)], **usage_key))
             if include_usage:
-                yield sse(self.envelope(chunk_object, [], usage=_usage(jobs, ends)))
+                yield sse(self.envelope(chunk_object, [], usage=_usage(jobs, ends, self.completion_tokens)))
             yield sse("[DONE]")
         finally:
             channel.close()

@@ -29,6 +29,7 @@ class Outcome:
 
     end: EndEvent
     prefill: tuple[TokenInfo, ...] = ()
+    prefill_top: tuple[tuple[TokenInfo, ...], ...] = ()  # per prompt token, when top_n_tokens was asked
     tokens: list[TokenInfo] = field(default_factory=list)  # every generated token, the last included
     top_tokens: list[tuple[TokenInfo, ...]] = field(default_factory=list)  # one entry per token
     contents: list[str] = field(default_factory=list)  # user-visible text each token released
@@ -42,7 +43,7 @@ class Outcome:
 async def collect_all(channel: EventChannel) -> list[Outcome]:
     """Every generation of `channel` to its end; raises the first error one ended with. The channel
     is closed on the way out, which cancels what still runs (a failure, or a client that left)."""
-    prefill: dict[int, tuple[TokenInfo, ...]] = {}
+    prefill: dict[int, PrefillEvent] = {}
     tokens: dict[int, list[TokenInfo]] = {}
     tops: dict[int, list[tuple[TokenInfo, ...]]] = {}
     contents: dict[int, list[str]] = {}
@@ -56,14 +57,17 @@ async def collect_all(channel: EventChannel) -> list[Outcome]:
             if isinstance(event, ErrorEvent):
                 raise event.error
             if isinstance(event, PrefillEvent):
-                prefill[index] = event.tokens
+                prefill[index] = event
             elif isinstance(event, (TokenEvent, EndEvent)):
                 tokens.setdefault(index, []).append(event.token)
                 tops.setdefault(index, []).append(event.top_tokens)
                 contents.setdefault(index, []).append(event.content)
                 if isinstance(event, EndEvent):
-                    outcomes[index] = Outcome(end=event, prefill=prefill.get(index, ()), tokens=tokens[index],
-                                              top_tokens=tops[index], contents=contents[index])
+                    asked = prefill.get(index)
+                    outcomes[index] = Outcome(
+                        end=event, prefill=asked.tokens if asked else (), prefill_top=asked.top_tokens if asked else (),
+                        tokens=tokens[index], top_tokens=tops[index], contents=contents[index],
+                    )
     finally:
         channel.close()
     return [outcomes[i] for i in sorted(outcomes)]

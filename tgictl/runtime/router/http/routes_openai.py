@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from tgictl.errors import ValidationError
+from tgictl.runtime.router.http.legacy_completions import CompletionShape, legacy_logprobs
 from tgictl.runtime.router.http.openai_choices import (
     ClientBatchSizeError,
     Job,
@@ -33,19 +34,6 @@ def _openai_logprob(token: TokenInfo, top: Sequence[TokenInfo]) -> dict[str, Any
         "top_logprobs": [
             {"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode("utf-8"))} for t in top
         ],
-    }
-
-
-def _legacy_logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenInfo]], offset: int) -> dict[str, Any]:
-    offsets = []
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token.text)
-    return {
-        "tokens": [t.text for t in tokens],
-        "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [{t.text: t.logprob for t in top} for top in tops],
-        "text_offset": offsets,
     }
 
 
@@ -116,45 +104,40 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
 
     @router.post("/v1/completions", dependencies=protected)
     async def completions(body: CompletionRequest, http: Request) -> Response:
-        """OpenAI (legacy) completions: a prompt or a list of prompts, n choices each."""
-        if body.suffix is not None:
-            raise ValidationError("`suffix` is not supported")
-        if body.echo:
-            raise ValidationError("`echo` is not supported")
+        """OpenAI (legacy) completions: prompts as text or token ids, n choices each, `echo` with
+        prompt logprobs (legacy_completions.py)."""
+        shape = CompletionShape.of(body)
         prompts = body.prompts()
         if not prompts:
             raise ValidationError("`prompt` cannot be empty")
         if body.n < 1:
             raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
         _check_choices(service, len(prompts) * body.n)
-        top_n = body.logprobs
+        texts = [p if isinstance(p, str) else service.tokenizer.decode(list(p), skip_special_tokens=False)
+                 for p in prompts]
+        max_new_tokens = None if body.max_tokens is None else body.max_tokens + shape.max_new_tokens_delta
         jobs = [
-            Job(p, p * body.n + i, body.generation_input(prompt, max_new_tokens=body.max_tokens, top_n_tokens=top_n,
-                                                        choice=i, add_special_tokens=True))
+            Job(p, p * body.n + i, body.generation_input(
+                texts[p], max_new_tokens=max_new_tokens, top_n_tokens=body.logprobs, choice=i,
+                add_special_tokens=True, input_ids=None if isinstance(prompt, str) else prompt,
+                prompt_logprobs=shape.prompt_logprobs,
+            ))
             for p, prompt in enumerate(prompts)
             for i in range(body.n)
         ]
-        run = OpenAIRun(service, "cmpl", "text_completion")
+        run = OpenAIRun(service, "cmpl", "text_completion", completion_tokens=shape.completion_tokens)
         offsets: dict[int, int] = {}
 
         def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any]:
             reason = OPENAI_FINISH_REASONS[event.finish_reason] if isinstance(event, EndEvent) else None
             logprobs = None
             if body.logprobs is not None:
-                logprobs = _legacy_logprobs([event.token], [event.top_tokens], offsets.get(job.index, 0))
+                logprobs = legacy_logprobs([event.token], [event.top_tokens], offsets.get(job.index, 0))
                 offsets[job.index] = offsets.get(job.index, 0) + len(event.token.text)
             return {"index": job.index, "text": event.content, "logprobs": logprobs, "finish_reason": reason}
 
         def final(job: Job, outcome: Outcome) -> dict[str, Any]:
-            logprobs = None
-            if body.logprobs is not None:
-                logprobs = _legacy_logprobs(outcome.tokens, outcome.top_tokens, 0)
-            return {
-                "index": job.index,
-                "text": outcome.end.generated_text,
-                "logprobs": logprobs,
-                "finish_reason": OPENAI_FINISH_REASONS[outcome.end.finish_reason],
-            }
+            return shape.choice(job.index, texts[job.prompt], outcome)
 
         return await run.respond(http, body, jobs, chunk, final, "text_completion")
 

@@ -97,7 +97,7 @@ class SamplingFields(BaseModel):
 
     def generation_input(
         self, inputs: str, *, max_new_tokens: int | None, top_n_tokens: int | None, choice: int,
-        add_special_tokens: bool,
+        add_special_tokens: bool, input_ids: tuple[int, ...] | None = None, prompt_logprobs: bool = False,
     ) -> GenerationInput:
         """One choice's request. Choice i of a seeded request uses seed + i, so the choices differ
         (OpenAI's n) yet the whole answer is reproducible."""
@@ -124,6 +124,8 @@ class SamplingFields(BaseModel):
             seed=seed,
             top_n_tokens=top_n_tokens,
             ignore_eos=self.ignore_eos,
+            input_ids=input_ids,
+            decoder_input_details=prompt_logprobs,
         )
 
 
@@ -158,11 +160,18 @@ class ChatRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    # Text, texts, token ids, or lists of token ids (what evaluation harnesses send).
+    prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
-    echo: bool = False
+    echo: bool = Field(default=False, description="return the prompt before the completion (with its logprobs)")
     logprobs: int | None = None
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | tuple[int, ...]]:
+        """One entry per prompt: its text, or its token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(i, int) for i in prompt):
+            return [tuple(prompt)]  # type: ignore[arg-type]
+        return [p if isinstance(p, str) else tuple(p) for p in prompt]  # type: ignore[union-attr]
 

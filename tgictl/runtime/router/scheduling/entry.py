@@ -105,7 +105,8 @@ class Entry:
         assert texts is not None and detokenizer is not None, "start() comes first"
         send = self.send
         if generation.prefill_tokens is not None and not self.generated_ids:
-            send(PrefillEvent(tokens=texts.infos(generation.prefill_tokens)))
+            tops = tuple(texts.infos(t) for t in generation.prefill_top_tokens)
+            send(PrefillEvent(tokens=texts.infos(generation.prefill_tokens), top_tokens=tops))
         tokens = generation.tokens
         for index, (token_id, logprob) in enumerate(zip(tokens.ids, tokens.logprobs)):
             self.generated_ids.append(token_id)
