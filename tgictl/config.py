@@ -116,6 +116,29 @@ def _check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry export of one process's spans (TGI's --otlp-endpoint, --otlp-service-name)."""
+
+    otlp_endpoint: str | None = None  # an OTLP/gRPC collector, e.g. http://127.0.0.1:4317; None: off
+    service_name: str = "tgictl.router"
+    export_delay_ms: int = 1000  # how long finished spans wait to be sent in one batch
+
+    def __post_init__(self) -> None:
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.strip():
+            raise ConfigError("otlp_endpoint must not be empty")
+        if not self.service_name.strip():
+            raise ConfigError("otlp_service_name must not be empty")
+
+
+SHARD_SERVICE_SUFFIX = ".shard"
+
+
+def shard_service_name(router_service_name: str) -> str:
+    """The shards' service name beside the router's (TGI: ...router and ...server)."""
+    return router_service_name.removesuffix(".router") + SHARD_SERVICE_SUFFIX
+
+
+@dataclass(frozen=True)
 class ShardConfig:
     """One rank of `tgictl shard`. The rank listens on `unix://{uds_path}-{rank}`."""
 
@@ -130,6 +153,7 @@ class ShardConfig:
     master_addr: str | None = None  # torch.distributed rendezvous; required when world_size > 1
     master_port: int | None = None
     shutdown_grace_s: float = 30.0  # SIGTERM: how long the RPC in flight may still run
+    tracing: TracingConfig = field(default_factory=lambda: TracingConfig(service_name="tgictl.shard"))
 
     def __post_init__(self) -> None:
         _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
@@ -189,8 +213,11 @@ class RouterConfig:
     validation_workers: int = 2
     graceful_termination_timeout_s: float = 90.0
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
+    otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/gRPC); None: no tracing
+    otlp_service_name: str = "tgictl.router"
 
     def __post_init__(self) -> None:
+        TracingConfig(self.otlp_endpoint, self.otlp_service_name)  # the same checks
         positive = {
             "port": self.port,
             "max_concurrent_requests": self.max_concurrent_requests,
@@ -229,6 +256,10 @@ class RouterConfig:
             raise ConfigError("api_key must not be empty")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ConfigError("served_model_name must not be empty")
+
+    @property
+    def tracing(self) -> TracingConfig:
+        return TracingConfig(self.otlp_endpoint, self.otlp_service_name)
 
     @property
     def model_name(self) -> str:

@@ -79,6 +79,14 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("validation_workers", int, typer.Option(
         _DEFAULTS["validation_workers"], "--validation-workers", help="Tokenizer threads."
     )),
+    ("otlp_endpoint", Optional[str], typer.Option(
+        None, "--otlp-endpoint", show_default=False,
+        help="Send OpenTelemetry traces to this OTLP/gRPC collector, e.g. http://127.0.0.1:4317.",
+    )),
+    ("otlp_service_name", str, typer.Option(
+        _DEFAULTS["otlp_service_name"], "--otlp-service-name",
+        help="The router's service name in traces (launch: the shards get NAME.shard, '.router' dropped).",
+    )),
 )
 _FLAGS_PARAMETER = "router_flags"
 

@@ -17,6 +17,7 @@ from tgictl.config import (
     SHARD_DTYPES,
     HubConfig,
     ShardConfig,
+    TracingConfig,
     default_uds_path,
 )
 from tgictl.env import read_env
@@ -41,6 +42,11 @@ def shard(
         help="KV cache bytes, e.g. 4GiB (CPU: the budget, default min(25% of available RAM, 4 GiB); "
         "CUDA: a cap on what free memory allows).",
     ),
+    otlp_endpoint: Optional[str] = typer.Option(
+        None, "--otlp-endpoint", show_default=False,
+        help="Send OpenTelemetry traces to this OTLP/gRPC collector (the launcher passes the router's).",
+    ),
+    otlp_service_name: str = typer.Option("tgictl.shard", "--otlp-service-name", help="The service name in traces."),
 ) -> None:
     """Load the model and serve this rank until SIGTERM or SIGINT."""
     env = read_env()
@@ -55,6 +61,7 @@ def shard(
         world_size=env.world_size if env.world_size is not None else 1,
         master_addr=env.master_addr,
         master_port=env.master_port,
+        tracing=TracingConfig(otlp_endpoint=otlp_endpoint, service_name=otlp_service_name),
     )
     from tgictl.runtime.shard.server import (
         serve,  # torch loads only once the flags are known good

@@ -72,6 +72,7 @@ def test_every_flag_reaches_its_field() -> None:
         "--max-stop-sequences", "6", "--max-top-n-tokens", "10", "--max-client-batch-size", "11",
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
         "--payload-limit", "1000", "--validation-workers", "4",
+        "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router",
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
     assert config == RouterConfig(
@@ -80,7 +81,7 @@ def test_every_flag_reaches_its_field() -> None:
         max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, prefix_caching=False,
         max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10, max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
-        validation_workers=4,
+        validation_workers=4, otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
     )  # fmt: skip
     # Every field a flag sets differs from its default above, so none was silently dropped.
     defaults = RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="t")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tgictl.config import LaunchConfig, LogConfig, RouterConfig
+from tgictl.config import LaunchConfig, LogConfig, RouterConfig, shard_service_name
 from tgictl.env import API_KEY_VAR
 from tgictl.log import child_environ
 from tgictl.runtime.launcher.child import ChildSpec
@@ -46,6 +46,8 @@ ROUTER_FLAGS: dict[str, str] = {
     "cors_allow_origin": "--cors-allow-origin",
     "payload_limit": "--payload-limit",
     "validation_workers": "--validation-workers",
+    "otlp_endpoint": "--otlp-endpoint",
+    "otlp_service_name": "--otlp-service-name",
 }
 # RouterConfig fields passed in the router's environment, never on its command line: `ps` shows
 # every process's arguments to every local user (its environment only to its owner).
@@ -111,6 +113,9 @@ def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[st
         argv += ["--dtype", config.dtype]
     if config.kv_cache_memory is not None:
         argv += ["--kv-cache-memory", str(config.kv_cache_memory)]
+    if config.router.otlp_endpoint is not None:  # the shards' spans join the router's traces
+        argv += ["--otlp-endpoint", config.router.otlp_endpoint,
+                 "--otlp-service-name", shard_service_name(config.router.otlp_service_name)]
     return argv
 
 

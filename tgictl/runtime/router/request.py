@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tgictl.errors import TgictlError
 from tgictl.proto.messages import FinishReason, SamplingParams
@@ -20,6 +20,9 @@ class ValidatedRequest:
     top_n_tokens: int = 0
     decoder_input_details: bool = False  # prompt logprobs: the whole prompt is recomputed, no prefix reuse
     max_total_new_tokens: int | None = None  # across all rounds; None = max_new_tokens
+    # The request's OpenTelemetry span context (an opentelemetry SpanContext), for the batch spans'
+    # links; None when not traced.
+    trace: object | None = field(default=None, compare=False)
 
     @property
     def input_length(self) -> int:
@@ -73,6 +76,8 @@ class EndEvent:
     queued_s: float  # seconds spent waiting in the queue
     inference_s: float  # seconds from first scheduling to the end
     cached_tokens: int = 0  # prompt tokens whose KV came from the radix cache (the first round's cache_len)
+    first_token_s: float = 0.0  # seconds from first scheduling to the first generated token (prefill)
+    ended_at: float = 0.0  # time.monotonic() when the request ended
 
 
 @dataclass(frozen=True)

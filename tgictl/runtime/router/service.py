@@ -10,6 +10,7 @@ finish up to the graceful timeout, then end the rest with an error event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from tgictl.config import RouterConfig
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
@@ -33,7 +37,9 @@ from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
 from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
 from tgictl.runtime.router.scheduling.queue import Queue
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
+from tgictl.runtime.router.traced_client import TracedClient
 from tgictl.runtime.router.validation import GenerationInput, ValidationLimits, Validator
+from tgictl.tracing import add_finished_span, tracer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +88,18 @@ class Admission:
             self.permits.in_use -= 1
 
 
+def phase_spans(parent: otel_context.Context, end: EndEvent) -> None:
+    """One request's scheduler phases as child spans of its request span: queue (waiting), prefill
+    (first scheduling to the first token, chunks included), decode (to the end)."""
+    scheduled = end.ended_at - end.inference_s
+    first_token = scheduled + end.first_token_s
+    add_finished_span("queue", parent, scheduled - end.queued_s, scheduled)
+    add_finished_span("prefill", parent, scheduled, first_token, **{
+        "gen_ai.usage.input_tokens": end.input_length, "tgictl.cached_tokens": end.cached_tokens})
+    add_finished_span("decode", parent, first_token, end.ended_at, **{
+        "gen_ai.usage.output_tokens": end.generated_tokens})
+
+
 def probe_token(tokenizer: RouterTokenizer, vocab_size: int) -> int:
     """A token id every model has: TGI warms up on "_test"; we take its first id."""
     ids = tokenizer.encode("_test", add_special_tokens=False)
@@ -122,8 +140,11 @@ class RouterService:
         self.prefix_caching = config.prefix_caching and info.use_prefix_caching
         self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching)
         self.queue = Queue(self.allocator, block_size=info.block_size)
+        step_client: ShardClient = MeteredClient(client, self.metrics)
+        if config.otlp_endpoint is not None:
+            step_client = TracedClient(step_client, self._request_trace)
         self.batcher = Batcher(
-            MeteredClient(client, self.metrics),
+            step_client,
             self.queue,
             self.allocator,
             TokenTexts(decoder=tokenizer, special_ids=tokenizer.special_ids),
@@ -182,6 +203,10 @@ class RouterService:
     def in_flight(self) -> int:
         return self._permits.in_use
 
+    def _request_trace(self, request_id: int) -> object | None:
+        entry = self.batcher.entry(request_id)
+        return entry.request.trace if entry is not None else None
+
     def admit(self) -> Admission:
         """A concurrency permit for one generation: 503 while draining, 429 when none is left."""
         self.metrics.request_count.inc()
@@ -198,7 +223,8 @@ class RouterService:
         start = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            validated = await loop.run_in_executor(self._executor, self.validator.validate, request)
+            with tracer().start_as_current_span("validation"):
+                validated = await loop.run_in_executor(self._executor, self.validator.validate, request)
         except ValidationError:
             self.metrics.request_failure.labels(err="validation").inc()
             raise
@@ -224,20 +250,29 @@ class RouterService:
     def open(self, admissions: Sequence[Admission], requests: Sequence[ValidatedRequest]) -> EventChannel:
         """Queue the generations; their events arrive in the returned channel, which the caller
         closes when it stops reading (closing early cancels what still runs)."""
+        traced: otel_context.Context | None = otel_context.get_current()
+        span = trace.get_current_span(traced)
+        if span.is_recording():  # inside the request span (http/request_spans.py): batch spans link to it
+            requests = [dataclasses.replace(r, trace=span.get_span_context()) for r in requests]
+        else:
+            traced = None
         channel = self.batcher.submit(requests, self.config.max_new_tokens_per_round)
         self._channels.add(channel)
         starts = [a.start for a in admissions]
-        channel.on_close(lambda c: self._closed(c, starts))
+        channel.on_close(lambda c: self._closed(c, starts, traced))
         return channel
 
-    def _closed(self, channel: EventChannel, starts: Sequence[float]) -> None:
-        """Every request's outcome is counted once, when its channel closes."""
+    def _closed(self, channel: EventChannel, starts: Sequence[float], trace_parent: otel_context.Context | None) -> None:
+        """Every request's outcome is counted once, when its channel closes; a traced request gets
+        its queue, prefill and decode spans from the scheduler's timings."""
         self._channels.discard(channel)
         now = time.monotonic()
         for index, start in enumerate(starts):
             event = channel.ends.get(index)
             if isinstance(event, EndEvent):
                 self.metrics.observe_end(now - start, event)
+                if trace_parent is not None:
+                    phase_spans(trace_parent, event)
             else:
                 self.metrics.request_failure.labels(err="generation" if event is not None else "dropped").inc()
 

@@ -30,6 +30,7 @@ from tgictl.proto.messages import (
     WarmupRequest,
     WarmupResult,
 )
+from tgictl.tracing import grpc_metadata
 
 T = TypeVar("T")
 # Messages can be large (prompt logprobs of long batches); TGI lifts gRPC's 4 MiB default the same way.
@@ -117,12 +118,14 @@ class ShardedClient:
         self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
     ) -> StepResult:
         message = convert.prefill_request_to_pb(PrefillRequest(batch, cached, max_prefill_tokens))
-        replies = await self._all(lambda s: s.Prefill(message))
+        metadata = grpc_metadata()  # the batch span's trace context, when tracing is on
+        replies = await self._all(lambda s: s.Prefill(message, metadata=metadata))
         return _merge([convert.prefill_response_from_pb(r) for r in replies])
 
     async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
         message = convert.decode_request_to_pb(DecodeRequest(tuple(batches)))
-        replies = await self._all(lambda s: s.Decode(message))
+        metadata = grpc_metadata()
+        replies = await self._all(lambda s: s.Decode(message, metadata=metadata))
         return _merge([convert.decode_response_from_pb(r) for r in replies])
 
 

@@ -31,6 +31,7 @@ from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
+from tgictl.tracing import configure_tracing, shutdown_tracing
 from tgictl.runtime.shard.uds import (
     check_socket_path,
     prepare_socket_dir,
@@ -80,7 +81,11 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
         model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory
     )
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)
-    failure = asyncio.run(_serve_grpc(config, runtime, socket_path))
+    configure_tracing(config.tracing)
+    try:
+        failure = asyncio.run(_serve_grpc(config, runtime, socket_path))
+    finally:
+        shutdown_tracing()
     if failure is not None:
         # No destroy_distributed here: with a peer gone it could block; the process is about to exit.
         raise DeviceError(f"shard rank {config.rank} stopped after an unrecoverable error: {failure}")

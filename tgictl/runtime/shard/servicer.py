@@ -41,6 +41,7 @@ from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.batch_store import BatchStore
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime, StepOutput
+from tgictl.tracing import server_span
 
 log = logging.getLogger("tgictl.shard")
 
@@ -94,7 +95,9 @@ def _rpc(handler: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awa
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"shard is stopping after an error: {self.failed}")
         log.debug("%s started", name)
         try:
-            return await handler(self, request)
+            # A child of the router's batch span when the RPC carries its trace context.
+            with server_span(name, context.invocation_metadata() or ()):
+                return await handler(self, request)
         except Exception as err:  # noqa: BLE001 - every failure gets a status; none escapes unmapped
             code, message = grpc_status(err)
             if code is grpc.StatusCode.INTERNAL:

@@ -188,3 +188,15 @@ def test_describe_exit() -> None:
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(-9) == "was killed by SIGKILL"
     assert describe_exit(-15) == "was killed by SIGTERM"
+
+
+def test_tracing_reaches_the_router_and_every_shard_under_their_service_names() -> None:
+    config = LaunchConfig(router=router_config(otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router"),
+                          model_id="org/model", num_shard=2)
+    plan = build_plan(config, MODEL, BASE, LogConfig(), {}, master_port=29600)
+    assert plan.router.argv[-4:] == ("--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router")
+    for spec in plan.shards:
+        assert spec.argv[-4:] == ("--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.shard")
+    untraced = build_plan(LaunchConfig(router=router_config(), model_id="org/model"), MODEL, BASE, LogConfig(), {},
+                          master_port=29600)
+    assert "--otlp-endpoint" not in untraced.shards[0].argv + untraced.router.argv

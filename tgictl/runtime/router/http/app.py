@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tgictl import __version__
 from tgictl.errors import PayloadTooLargeError, TgictlError
+from tgictl.runtime.router.http.request_spans import RequestSpans
 from tgictl.runtime.router.http.responses import error_response
 from tgictl.runtime.router.http.routes_openai import openai_router
 from tgictl.runtime.router.http.routes_tgi import tgi_router
@@ -168,10 +169,12 @@ def create_app(service: RouterService) -> FastAPI:
     app.include_router(tgi_router(service, auth))
     app.include_router(openai_router(service, auth))
     app.add_middleware(BodyGuard, limit=config.payload_limit)
+    if config.otlp_endpoint is not None:
+        app.add_middleware(RequestSpans)
     app.add_middleware(
         CORSMiddleware,
         allow_origins=list(config.cors_allow_origin) or ["*"],
         allow_methods=["GET", "POST"],
-        allow_headers=["content-type", "authorization"],
+        allow_headers=["content-type", "authorization", "traceparent", "tracestate"],
     )
     return app

@@ -13,6 +13,7 @@ from types import FrameType
 import uvicorn
 
 from tgictl.config import RouterConfig
+from tgictl.tracing import configure_tracing, shutdown_tracing
 from tgictl.runtime.model_files.resolve import resolve_model
 from tgictl.runtime.router.http.app import create_app
 from tgictl.runtime.router.service import RouterService
@@ -86,10 +87,14 @@ async def serve(config: RouterConfig, model_dir: Path, model_id: str) -> None:
 def run_router(config: RouterConfig) -> None:
     """Blocking: serve until a signal ends it. The tokenizer is resolved like a model id."""
     model_dir = resolve_model(config.tokenizer_name)
+    configure_tracing(config.tracing)
     coroutine = serve(config, model_dir, config.model_name)
-    if importlib.util.find_spec("uvloop") is not None:
-        import uvloop
+    try:
+        if importlib.util.find_spec("uvloop") is not None:
+            import uvloop
 
-        uvloop.run(coroutine)
-    else:
-        asyncio.run(coroutine)
+            uvloop.run(coroutine)
+        else:
+            asyncio.run(coroutine)
+    finally:
+        shutdown_tracing()

@@ -73,6 +73,10 @@ class Batcher:
     def in_flight(self) -> int:
         return len(self._states)
 
+    def entry(self, request_id: int) -> Entry | None:
+        """The in-flight entry of a shard request id (tracing links a batch to its requests)."""
+        return self._states.get(request_id)
+
     def enqueue(self, entry: Entry) -> int:
         request_id = self._queue.append(entry)
         self._wakeup.set()

@@ -68,6 +68,7 @@ class Entry:
         self.id = -1  # assigned by the queue, anew for every round
         self.batch_time: float | None = None  # first scheduled (every round counts from here)
         self.cached_tokens = 0  # the first round's cache_len: prompt tokens the radix cache supplied
+        self.first_token_time: float | None = None  # when the shard returned the first token
         self.allocation: BlockAllocation | None = None
         self.generated_ids: list[int] = []  # across all rounds
         self.finished = False
@@ -108,6 +109,8 @@ class Entry:
             tops = tuple(texts.infos(t) for t in generation.prefill_top_tokens)
             send(PrefillEvent(tokens=texts.infos(generation.prefill_tokens), top_tokens=tops))
         tokens = generation.tokens
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
         for index, (token_id, logprob) in enumerate(zip(tokens.ids, tokens.logprobs)):
             self.generated_ids.append(token_id)
             self._round_tokens += 1
@@ -175,6 +178,8 @@ class Entry:
                 queued_s=started - self.queue_time,
                 inference_s=now - started,
                 cached_tokens=self.cached_tokens,
+                first_token_s=(self.first_token_time or now) - started,
+                ended_at=now,
             )
         )
 
