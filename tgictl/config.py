@@ -352,6 +352,7 @@ class BenchConfig:
     slo: tuple[tuple[str, float], ...] = ()  # (key, seconds) with key in ttft, tpot, e2e
     seed: int = 0
     output: Path | None = None
+    report: Path | None = None  # an HTML page of the HTTP runs (inline SVG plots)
     request_timeout_s: float = 600.0
     metrics_interval_s: float = 0.5
     # Shard micro-benchmark (TGI's benchmark defaults).
@@ -364,6 +365,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if (self.url is None) == (self.shard_uds_path is None):
             raise ConfigError("give exactly one of --url (HTTP load test) and --shard (gRPC micro-benchmark)")
+        if self.report is not None and self.url is None:
+            raise ConfigError("--report plots HTTP load tests: it needs --url")
         if self.api not in BENCH_APIS:
             raise ConfigError(f"api must be one of {', '.join(BENCH_APIS)}, got {self.api!r}")
         if self.workload not in BENCH_WORKLOADS:

@@ -156,3 +156,28 @@ def test_api_key_reaches_every_call(tiny_model_dir: Path, tmp_path: Path) -> Non
                             "--output-len", "2", "--num-requests", "2")
         assert refused["runs"][0]["summary"]["failed"] == 2
         assert all(r["status"] == 401 for r in refused["runs"][0]["requests"])
+
+
+def test_html_report_opens_in_chromium(stack: Stack, tmp_path: Path, tiny_model_dir: Path) -> None:
+    from tests.integration.chromium import probe_page
+
+    report = tmp_path / "report.html"
+    result = run_bench(tmp_path, "--url", stack.url, "--tokenizer", str(tiny_model_dir), "--input-len", "8:16",
+                       "--output-len", "4", "--ignore-eos", "--concurrency", "1,4", "--num-requests", "8",
+                       "--report", str(report))
+    html = report.read_text()
+    assert "http://" not in html.replace(stack.url, "").replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "<script" not in html  # nothing to run, nothing to fetch
+    page = probe_page(report)
+    assert page["external"] == 0 and page["title"] == f"tgictl bench: {stack.url}"
+    titles = [c["title"] for c in page["charts"]]
+    assert titles[:5] == ["Throughput", "Requests per second", "Time to first token percentiles",
+                          "Inter-token latency percentiles", "End-to-end latency percentiles"]
+    assert titles[5:] == ["concurrency 1: time to first token", "concurrency 1: inter-token latency",
+                          "concurrency 4: time to first token", "concurrency 4: inter-token latency"]
+    for chart in page["charts"]:
+        assert chart["width"] > 300 and chart["height"] > 200, chart
+        assert chart["shapes"] >= 4, chart  # axes and at least two drawn marks
+    assert page["tables"] == 3  # figures, settings, the server's /info
+    assert result["server_info"]["model_id"] == str(tiny_model_dir)
+    assert f"<td>max_total_tokens</td><td>{result['server_info']['max_total_tokens']}</td>" in html

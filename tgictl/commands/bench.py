@@ -94,6 +94,9 @@ def bench(
     ),
     seed: int = typer.Option(0, "--seed", help="Seeds the workload and the Poisson arrivals."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write the JSON result (per-request records) here."),
+    report: Optional[Path] = typer.Option(
+        None, "--report", help="Write a self-contained HTML page of the runs (plots, settings, the server's /info)."
+    ),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Seconds one request may take."),
     batch_size: str = typer.Option("1,2,4,8,16,32", "--batch-size", help="--shard: batch sizes to time."),
     sequence_length: int = typer.Option(10, "--sequence-length", help="--shard: prompt tokens per request."),
@@ -110,7 +113,7 @@ def bench(
         concurrency=_ints(concurrency, "--concurrency"),
         request_rate=_floats(request_rate, "--request-rate") if request_rate is not None else (),
         num_requests=num_requests, duration_s=duration, warmup=warmup, ignore_eos=ignore_eos,
-        slo=tuple(parse_slo(slo).items()) if slo is not None else (), seed=seed, output=output,
+        slo=tuple(parse_slo(slo).items()) if slo is not None else (), seed=seed, output=output, report=report,
         request_timeout_s=request_timeout, batch_sizes=_ints(batch_size, "--batch-size"),
         sequence_length=sequence_length, decode_length=decode_length, runs=runs, warmups=warmups,
     )

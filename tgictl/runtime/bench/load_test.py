@@ -21,7 +21,9 @@ from tgictl.errors import ConfigError, ModelNotFoundError
 from tgictl.log import get_logger
 from tgictl.runtime.bench.client import ApiSettings, RequestRecord, auth_headers, send
 from tgictl.runtime.bench.load_shapes import LoadPlan, run_load
+from tgictl.runtime.bench.html_report import write_report
 from tgictl.runtime.bench.report import (
+    json_safe,
     latency_table,
     make_progress,
     throughput_table,
@@ -62,13 +64,19 @@ def load_tokenizer(name: str, allow_download: bool = True) -> RouterTokenizer:
     return RouterTokenizer(resolve_model(name, allow_download=allow_download))
 
 
-async def server_model_id(client: httpx.AsyncClient) -> str | None:
-    """The model a TGI-compatible server says it serves (/info), else None."""
+async def server_info(client: httpx.AsyncClient) -> dict[str, Any] | None:
+    """What a TGI-compatible server says about itself (/info), else None."""
     try:
         response = await client.get("/info")
-        model_id = response.json().get("model_id") if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        info = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
         return None
+    return info if isinstance(info, dict) else None
+
+
+async def server_model_id(client: httpx.AsyncClient) -> str | None:
+    """The model a TGI-compatible server says it serves (/info), else None."""
+    model_id = (await server_info(client) or {}).get("model_id")
     return model_id if isinstance(model_id, str) else None
 
 
@@ -186,9 +194,13 @@ async def run_http_bench(config: BenchConfig, console: Console) -> dict[str, Any
             summaries.append(summary)
             console.print(latency_table(summary))
         console.print(throughput_table(summaries))
-    document = {"tgictl_version": __version__, "mode": "http", "config": _config_dict(config), "runs": runs}
+        info = await server_info(client)
+    document = {"tgictl_version": __version__, "mode": "http", "config": _config_dict(config),
+                "server_info": info, "runs": runs}
     if config.output is not None:
         write_json(config.output, document)
+    if config.report is not None:
+        write_report(config.report, json_safe(document))
     return document
 
 
