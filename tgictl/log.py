@@ -1,4 +1,5 @@
-"""The one logging setup every tgictl process uses: rich text for people, JSON lines for machines.
+"""The one logging setup every tgictl process uses: rich text on a terminal, plain unpadded lines in
+files and pipes, JSON lines for machines.
 
 Logs go to stderr; stdout is reserved for a command's result (a path, a JSON object) so it can be
 piped. Child processes (shards, router) get the same setup through TGICTL_LOG_LEVEL and
@@ -16,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from tgictl.config import LogConfig
-from tgictl.env import JSON_OUTPUT_VAR, LOG_LEVEL_VAR
+from tgictl.env import JSON_OUTPUT_VAR, LOG_LEVEL_VAR, disable_library_progress_bars
 
 ROOT_LOGGER = "tgictl"
 
@@ -43,19 +44,29 @@ class JsonLinesFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
+# Not a terminal (a file, a pipe, a launcher reading a child): plain lines, never padded or wrapped.
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+PLAIN_DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+def _interactive(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 def _handler(config: LogConfig, stream: TextIO) -> logging.Handler:
-    if config.json_output:
+    if config.json_output or not _interactive(stream):
         handler: logging.Handler = logging.StreamHandler(stream)
-        handler.setFormatter(JsonLinesFormatter())
+        if config.json_output:
+            handler.setFormatter(JsonLinesFormatter())
+        else:
+            handler.setFormatter(logging.Formatter(PLAIN_FORMAT, PLAIN_DATE_FORMAT))
         return handler
     from rich.console import Console
     from rich.logging import RichHandler
 
-    # Rich wraps at 80 columns when not writing to a terminal; a wide console keeps one record on
-    # one line in files and pipes.
-    width = None if stream.isatty() else 200
     return RichHandler(
-        console=Console(file=stream, stderr=stream is sys.stderr, width=width),
+        console=Console(file=stream, stderr=stream is sys.stderr),
         show_path=False,
         rich_tracebacks=False,
         markup=False,
@@ -68,7 +79,12 @@ def configure_logging(config: LogConfig, stream: TextIO | None = None) -> loggin
     logger = logging.getLogger(ROOT_LOGGER)
     for old in list(logger.handlers):
         logger.removeHandler(old)
-    logger.addHandler(_handler(config, stream if stream is not None else sys.stderr))
+    stream = stream if stream is not None else sys.stderr
+    logger.addHandler(_handler(config, stream))
+    if not _interactive(stream):
+        # Libraries' tqdm bars redraw one line with carriage returns: in a file that is one line of
+        # thousands of characters. Off for this process and the ones it starts.
+        disable_library_progress_bars()
     logger.setLevel(config.level.upper())
     # Records still propagate: tgictl never configures the root logger, so nothing repeats them, and
     # a host application (or pytest's caplog) that listens on the root still sees them.

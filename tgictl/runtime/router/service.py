@@ -39,6 +39,7 @@ from tgictl.runtime.router.scheduling.queue import Queue
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.traced_client import TracedClient
 from tgictl.runtime.router.validation import GenerationInput, ValidationLimits, Validator
+from tgictl.progress import phase
 from tgictl.tracing import add_finished_span, tracer
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,8 @@ class RouterService:
         tokenizer = RouterTokenizer(model_dir)
         prefill_tokens = max_batch_prefill_tokens(config, info)
         request = warmup_request(config, info, probe_token(tokenizer, info.vocab_size), prefill_tokens)
-        log.info("warming up the shards with %d prefill tokens", prefill_tokens)
-        result = await client.warmup(request)
+        with phase(f"warming up the shards with {prefill_tokens} prefill tokens (sizes the KV cache)", logger=log):
+            result = await client.warmup(request)
         limits = derive_limits(config, info, result, prefill_tokens)
         log.info(
             "limits: max_input_tokens=%d max_total_tokens=%d max_batch_prefill_tokens=%d "

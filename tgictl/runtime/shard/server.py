@@ -26,17 +26,18 @@ import torch
 from tgictl.config import HubConfig, ShardConfig
 from tgictl.env import apply_shard_library_defaults, read_env
 from tgictl.errors import ConfigError, DeviceError
+from tgictl.progress import phase
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
 from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
-from tgictl.tracing import configure_tracing, shutdown_tracing
 from tgictl.runtime.shard.uds import (
     check_socket_path,
     prepare_socket_dir,
     remove_socket,
 )
+from tgictl.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("tgictl.shard")
 
@@ -77,9 +78,10 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
         config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device,
         shared_memory=read_env().shm_collectives,
     )
-    runtime = ShardRuntime.load(
-        model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory
-    )
+    with phase(f"rank {config.rank}: loading {model_dir.name} ({dtype} on {device})", logger=log):
+        runtime = ShardRuntime.load(
+            model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory
+        )
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)
     configure_tracing(config.tracing)
     try:

@@ -182,3 +182,24 @@ def test_missing_path(tmp_path: Path) -> None:
 )
 def test_safetensors_names(name: str, expected: str) -> None:
     assert safetensors_name(Path(name)) == expected
+
+
+def test_a_checkpoint_inside_an_installed_package_is_converted_into_the_cache(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    installed = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "some_model"
+    installed.parent.mkdir(parents=True)
+    _bin_model_dir(tiny_model_dirs["llama"], installed)
+    cache = tmp_path / "cache"
+    out = convert(ConvertConfig(path=installed, cache_dir=cache))
+    assert out == cache / "converted" / "some_model"
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert not (installed / "model.safetensors").exists()  # nothing written inside the package
+
+
+def test_default_output_is_next_to_the_input_elsewhere(tmp_path: Path) -> None:
+    from tgictl.runtime.model_files.convert import default_output, inside_installed_package
+
+    assert default_output(tmp_path, "m", tmp_path / "cache") == tmp_path / "m"
+    assert inside_installed_package(Path(torch.__file__).parent)  # the real site-packages
+    assert default_output(Path(torch.__file__).parent, "m", tmp_path / "cache") == tmp_path / "cache" / "converted" / "m"
