@@ -16,6 +16,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
@@ -128,22 +129,24 @@ def render_report(report: dict[str, Any], console: Console | None = None) -> Non
         f"hidden {model['hidden_size']}, {model['num_heads']} heads / {model['num_kv_heads']} KV heads of "
         f"{model['head_dim']}, intermediate {model['intermediate_size']}, vocab {model['vocab_size']}"
     )
-    table = Table(title="Budgets (estimated from config.json; no weights loaded)")
+    # Two columns, the source on its own line under each value: readable at 80 columns and piped
+    # (a third column for the sources was squeezed to one letter there).
+    table = Table(title="Budgets (estimated from config.json; no weights loaded)", show_lines=True)
     table.add_column("figure", no_wrap=True)
-    table.add_column("value", no_wrap=True)
-    table.add_column("source")
+    table.add_column("value and where it comes from", overflow="fold")
     for name, figure in report["budgets"].items():
-        table.add_row(name, _format(name, figure["value"]), figure["source"])
+        table.add_row(name, Text(_format(name, figure["value"])) + Text("\n" + figure["source"], style="dim"))
     console.print(table)
     if "measured" in report:
-        table = Table(title="Measured (model loaded in this process, router's warmup probe run) vs estimated")
-        for column, wrap in (("figure", False), ("estimate", False), ("measured", False), ("source", True)):
-            table.add_column(column, no_wrap=not wrap)
+        table = Table(title="Measured (model loaded, the router's warmup probe run) vs estimated", show_lines=True)
+        table.add_column("figure", no_wrap=True)
+        table.add_column("estimate", no_wrap=True)
+        table.add_column("measured and how", overflow="fold")
         for name, figure in report["measured"].items():
             estimate, measured = (
                 "—" if figure[key] is None else _format(name, figure[key]) for key in ("estimate", "measured")
             )
-            table.add_row(name, estimate, measured, figure["source"])
+            table.add_row(name, estimate, Text(measured) + Text("\n" + figure["source"], style="dim"))
         console.print(table)
     for problem in report["problems"]:
         console.print(f"[bold red]problem:[/] {problem}")

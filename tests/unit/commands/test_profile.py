@@ -200,6 +200,24 @@ def test_cli_measure_loads_the_model_and_runs_the_warmup_probe(tiny_model_dir: P
     assert all(row["source"] for row in measured.values())
 
 
+def test_table_is_readable_at_80_columns(model_dir: Path) -> None:
+    config, tokenizer_max_length = read_model_files(model_dir)
+    shape = model_shape(config)
+    hardware = Hardware(gpus=(), gpu_note="NVML unavailable: test host",
+                        cpu=CpuHost(cores=2, total_memory_bytes=8 * GIB, available_memory_bytes=6 * GIB),
+                        cpu_matmul=())
+    report = profile_report("tiny", model_dir, shape, hardware, compute_budgets(shape, hardware, BudgetSettings(),
+                                                                               tokenizer_max_length))
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=80))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text  # nothing truncated: every source is there in full, wrapped
+    words = " ".join(text.replace("│", " ").split())
+    for figure in report["budgets"].values():
+        assert " ".join(figure["source"].split()) in words, figure["source"]
+
+
 def test_cli_measure_table(tiny_model_dir: Path) -> None:
     result = run_tgictl(
         "profile", "--model-id", str(tiny_model_dir), "--dtype", "float32", "--kv-cache-memory", "2MiB",
@@ -207,9 +225,10 @@ def test_cli_measure_table(tiny_model_dir: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    title = next(i for i, line in enumerate(lines) if "Measured (model loaded in this process" in line)
+    title = next(i for i, line in enumerate(lines) if "Measured (model loaded, the router's warmup probe run)" in line)
     row = next(line for line in lines[title:] if line.startswith("│ kv_blocks"))
     assert row.count("│ 256 ") == 2  # estimate and measurement side by side
+    assert max(len(line) for line in lines) <= 80  # piped: rich's 80 columns, nothing cut
 
 
 def test_cli_measure_needs_one_shard(tiny_model_dir: Path) -> None:

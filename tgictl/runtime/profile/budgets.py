@@ -15,7 +15,10 @@ from tgictl.errors import ConfigError
 from tgictl.runtime.host import default_serving_dtype
 from tgictl.runtime.tensor_parallel import HeadSplit, head_splits
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
+from tgictl.runtime.router.scheduling.limits import DEFAULT_MAX_BATCH_PREFILL_TOKENS
 
+MIN_COMPUTE_OPTIMAL_PREFILL = 100  # TGI uses the FLOPs rule only above this many tokens
+PREFILL_DEFAULT_BY_MODEL_TYPE: Mapping[str, int] = {"qwen2_vl": 10000, "qwen2_5_vl": 10000, "gemma3": 8000}
 DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_CUDA_GRAPHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # TGI's --cuda-graphs default
 LAUNCHER_WIGGLE_ROOM = 0.95  # TGI launcher's TGI_WIGGLE_ROOM default, used for the vram clamp
@@ -23,9 +26,6 @@ WARMUP_WIGGLE_ROOM = 0.90  # TGI shard's TGI_WIGGLE_ROOM default, used when sizi
 CUDA_CONTEXT_BYTES = 512 * (1 << 20)  # a CUDA context plus kernels: NVML's free figure predates it
 CPU_KV_FRACTION = 0.25  # CPU hosts: at most this share of available RAM goes to the KV cache ...
 CPU_KV_CAP_BYTES = 4 * GIB  # ... and never more than this, so a profile on a laptop stays sane
-MIN_COMPUTE_OPTIMAL_PREFILL = 100  # TGI uses the FLOPs rule only above this many tokens
-DEFAULT_PREFILL_TOKENS = 4096
-PREFILL_DEFAULT_BY_MODEL_TYPE: Mapping[str, int] = {"qwen2_vl": 10000, "qwen2_5_vl": 10000, "gemma3": 8000}
 # transformers stores "no limit" as int(1e30) in tokenizer_config.json; anything this large is unset.
 UNSET_MODEL_MAX_LENGTH = 10**12
 
@@ -270,15 +270,23 @@ def _memory_per_shard(hardware: Hardware, settings: BudgetSettings) -> tuple[flo
 
 def _prefill_tokens(
     shape: ModelShape, settings: BudgetSettings, device_flops: float | None, flops: int, vram_max: int,
-    vram_name: str,
+    vram_name: str, on_gpu: bool,
 ) -> Sourced:
-    """TGI's rule: tokens the devices compute in one second at peak, if that is over 100, else a default;
-    then at most max_position_embeddings, then at most what memory holds (weights, KV and activations)."""
+    """--max-batch-prefill-tokens, else: on GPUs TGI's launcher rule (the tokens the cards compute in
+    one second at peak by the FLOPs table, if over 100, else a default); on a CPU what `tgictl launch`
+    uses (router/scheduling/limits.py: 4096), because the FLOPs rule there follows a noisy matmul
+    measurement (it is named in the source for comparison). Then at most max_position_embeddings,
+    then at most what memory holds (weights, KV and activations)."""
     if settings.max_batch_prefill_tokens is not None:
         return settings.max_batch_prefill_tokens, "--max-batch-prefill-tokens"
-    value = PREFILL_DEFAULT_BY_MODEL_TYPE.get(shape.model_type, DEFAULT_PREFILL_TOKENS)
+    value = PREFILL_DEFAULT_BY_MODEL_TYPE.get(shape.model_type, DEFAULT_MAX_BATCH_PREFILL_TOKENS)
     source = f"TGI default {value}"
-    if device_flops is not None and flops > 0 and not shape.is_vlm:
+    if not on_gpu:
+        value = DEFAULT_MAX_BATCH_PREFILL_TOKENS
+        source = f"router default {value}"
+        if device_flops is not None and flops > 0 and not shape.is_vlm:
+            source += f" (TGI's FLOPs rule would give {int(device_flops / flops)}; tgictl does not use it)"
+    elif device_flops is not None and flops > 0 and not shape.is_vlm:
         optimal = int(device_flops / flops)
         if optimal > MIN_COMPUTE_OPTIMAL_PREFILL:
             value, source = optimal, f"FLOPs rule: {device_flops:.4g} FLOP/s / {flops} FLOP per token"
@@ -374,7 +382,7 @@ def compute_budgets(
 
     memory, memory_name = _memory_per_shard(hardware, settings)
     vram_max = int((memory - weights) // (kv_token + activations))
-    prefill, prefill_source = _prefill_tokens(shape, settings, device_flops, flops, vram_max, memory_name)
+    prefill, prefill_source = _prefill_tokens(shape, settings, device_flops, flops, vram_max, memory_name, bool(hardware.gpus))
     kv_memory, kv_memory_source = _kv_memory(hardware, settings, weights, prefill * activations)
     blocks = kv_memory // kv_block
     batch_total = blocks * settings.block_size

@@ -9,6 +9,7 @@ view without creating a CUDA context, which keeps `tgictl profile` cheap and saf
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -156,11 +157,17 @@ def discover_gpus(nvml: Any | None = None, visible: Sequence[int] | None = None)
     return GpuDiscovery(devices=tuple(devices), note=note)
 
 
+MATMUL_REPEATS = 5
+
+
 def measure_matmul_flops(
-    dtype: str, size: int = 512, seconds: float = 0.15, clock: Callable[[], float] = time.perf_counter
+    dtype: str, size: int = 512, seconds: float = 0.15, clock: Callable[[], float] = time.perf_counter,
+    repeats: int = MATMUL_REPEATS,
 ) -> MatmulMeasurement:
-    """Square matmuls on the CPU for about `seconds`: a practical ceiling of what the model's GEMMs get
-    with torch's current thread count. One warm-up product is excluded (it pays for allocation)."""
+    """Square matmuls on the CPU, `repeats` timings of about `seconds` each: a practical ceiling of what
+    the model's GEMMs get with torch's current thread count. The median timing is the figure (one
+    timing swings with whatever else the cores run). One warm-up product is excluded (it pays for
+    allocation)."""
     import torch  # lazy: discovery of GPUs and RAM must not pay torch's import
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
@@ -170,15 +177,21 @@ def measure_matmul_flops(
     a = torch.randn(size, size, generator=generator).to(torch_dtype)  # [size, size]
     b = torch.randn(size, size, generator=generator).to(torch_dtype)  # [size, size]
     torch.matmul(a, b)
-    iterations = 0
-    start = clock()
-    elapsed = 0.0
-    while iterations == 0 or elapsed < seconds:
-        torch.matmul(a, b)
-        iterations += 1
-        elapsed = clock() - start
-    flops = 2.0 * size**3 * iterations / max(elapsed, 1e-9)
-    return MatmulMeasurement(dtype=dtype, flops_per_s=flops, size=size, iterations=iterations, seconds=elapsed)
+    rates: list[float] = []
+    total_iterations, total_seconds = 0, 0.0
+    for _ in range(max(repeats, 1)):
+        iterations = 0
+        start = clock()
+        elapsed = 0.0
+        while iterations == 0 or elapsed < seconds:
+            torch.matmul(a, b)
+            iterations += 1
+            elapsed = clock() - start
+        rates.append(2.0 * size**3 * iterations / max(elapsed, 1e-9))
+        total_iterations += iterations
+        total_seconds += elapsed
+    return MatmulMeasurement(dtype=dtype, flops_per_s=statistics.median(rates), size=size,
+                             iterations=total_iterations, seconds=total_seconds)
 
 
 @dataclass(frozen=True)

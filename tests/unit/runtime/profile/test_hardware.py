@@ -165,10 +165,18 @@ def _clock(ticks: list[float]) -> Iterator[float]:
 def test_measure_matmul_flops_arithmetic_with_injected_clock() -> None:
     ticks = _clock([10.0, 10.1, 10.2])
     # start 10.0; after product 1: 0.1 s (< 0.15, go on); after product 2: 0.2 s → stop.
-    measured = measure_matmul_flops("float32", size=64, seconds=0.15, clock=lambda: next(ticks))
+    measured = measure_matmul_flops("float32", size=64, seconds=0.15, clock=lambda: next(ticks), repeats=1)
     assert measured.iterations == 2
     assert measured.seconds == pytest.approx(0.2)
     assert measured.flops_per_s == pytest.approx(2 * 64**3 * 2 / 0.2)  # 2·n³ FLOP per product
+
+
+def test_measure_matmul_flops_takes_the_median_of_its_repeats() -> None:
+    # Three timings of 2 products each: 0.2 s, 1.0 s (the cores were busy), 0.4 s → the median 0.4 s.
+    ticks = _clock([0.0, 0.1, 0.2, 1.0, 1.1, 2.0, 3.0, 3.1, 3.4])
+    measured = measure_matmul_flops("float32", size=64, seconds=0.15, clock=lambda: next(ticks), repeats=3)
+    assert measured.iterations == 6
+    assert measured.flops_per_s == pytest.approx(2 * 64**3 * 2 / 0.4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
