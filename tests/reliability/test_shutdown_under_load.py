@@ -90,3 +90,31 @@ def test_sigterm_drains_then_ends_the_rest_and_exits_0(tiny_model_dir: Path, tmp
               f"all ended {took:.2f} s after SIGTERM (grace {GRACE_S} s); launcher exit 0")
     finally:
         launched.stop()
+
+
+def test_a_second_signal_ends_streams_with_an_error_event_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    launched = start_launch(tiny_model_dir, tmp_path, extra_args=("--graceful-termination-timeout", "60"))
+    try:
+        with httpx.Client() as probe:
+            launched.wait_healthy(probe)
+
+        async def scenario() -> tuple[str, float]:
+            started = asyncio.Event()
+            task = asyncio.ensure_future(client(launched.url, 6, started))  # a stream far beyond any grace
+            await asyncio.wait_for(started.wait(), timeout=60)
+            launched.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(1.0)
+            launched.proc.send_signal(signal.SIGTERM)
+            second = time.monotonic()
+            kind, tokens, how = await asyncio.wait_for(task, timeout=30)
+            return how, time.monotonic() - second
+
+        how, took = asyncio.run(scenario())
+        assert how == "error event shutting_down"  # never a stream cut without a word
+        assert took < 3.0, f"the stream ended {took:.1f} s after the second signal"
+        assert launched.wait_exit(timeout_s=30) == 0, launched.log()
+        log = launched.log()
+        assert "another signal: router" in log and "did not stop" not in log, log
+        launched.assert_nothing_left()
+    finally:
+        launched.stop()

@@ -7,7 +7,8 @@
 
 Shutdown on SIGTERM/SIGINT/SIGHUP: the router first (it drains in-flight requests for up to
 --graceful-termination-timeout), then the shards (SIGKILL after shard_stop_timeout_s), then every
-socket file the shards left. A second signal skips the waiting and kills. When a child dies instead,
+socket file the shards left. A second signal is passed on: the router ends its requests at once, each
+stream with an error event, and every child is killed HURRY_S later. When a child dies instead,
 nothing can be drained (a sharded forward cannot run without a rank), so everything left gets
 SIGTERM at once and SIGKILL after crash_stop_timeout_s.
 """
@@ -39,6 +40,8 @@ from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir
 log = logging.getLogger("tgictl.launcher")
 
 _POLL_S = 0.1  # TGI's supervision period
+# After a second signal: how long a child still gets (the router ends its streams with an error event).
+HURRY_S = 3.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -170,8 +173,12 @@ class Launcher:
                 announced = True
             time.sleep(_POLL_S)
         name = signal.Signals(self._signals.last).name if self._signals.last else "signal"
-        log.info("%s received: draining the router (up to %.0f s), then stopping the shards",
-                 name, self.plan.graceful_termination_timeout_s)
+        if announced:
+            log.info("%s received: draining the router (up to %.0f s; another signal ends the requests at "
+                     "once, with an error event), then stopping the shards",
+                     name, self.plan.graceful_termination_timeout_s)
+        else:
+            log.info("%s received before the server was ready (the router was still starting): stopping", name)
 
     def _raise_if_any_exited(self, before_ready: set[int] | None = None) -> None:
         for child in self.children:
@@ -199,15 +206,28 @@ class Launcher:
         self._stop(self.children, self.plan.crash_stop_timeout_s)
 
     def _stop(self, children: Sequence[ChildProcess], timeout_s: float) -> None:
-        """SIGTERM, wait up to `timeout_s` (cut short by another signal), then SIGKILL; reap all."""
+        """SIGTERM, wait up to `timeout_s`, then SIGKILL; reap all. Another signal while waiting is
+        passed on (a second SIGTERM: the router then ends its requests with an error event at once)
+        and leaves them HURRY_S before the kill."""
         signals_before = self._signals.count
         running = [child for child in children if child.poll() is None]
         for child in running:
             child.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
+        hurried = False
         while any(child.poll() is None for child in running):
-            if time.monotonic() >= deadline or self._signals.count > signals_before:
+            now = time.monotonic()
+            if now >= deadline:
                 break
+            if self._signals.count > signals_before and not hurried:
+                hurried = True
+                deadline = min(deadline, now + HURRY_S)
+                for child in running:
+                    if child.poll() is None:
+                        log.info("another signal: %s (pid %d) gets %.0f s to end what it runs, then is killed",
+                                 child.label, child.pid, HURRY_S)
+                        child.signal_group(signal.SIGTERM)
             time.sleep(_POLL_S / 2)
         for child in children:
             # Also the already-exited ones: their group may still hold a process they started.
@@ -216,7 +236,9 @@ class Launcher:
             child.join_relay()
             if child in running:
                 if code is not None and code < 0 and -code == signal.SIGKILL:
-                    log.warning("%s (pid %d) did not stop within %.0f s: killed", child.label, child.pid, timeout_s)
+                    why = "after another signal" if hurried else f"within its {timeout_s:.0f} s"
+                    log.warning("%s (pid %d) did not stop %s: killed after %.1f s", child.label, child.pid,
+                                why, time.monotonic() - start)
                 else:
                     outcome = describe_exit(code) if code is not None else "did not exit"
                     log.info("%s (pid %d) stopped: %s", child.label, child.pid, outcome)

@@ -54,6 +54,10 @@ class ServiceClient(ShardClient, Protocol):
 
     async def warmup(self, request: WarmupRequest) -> WarmupResult: ...
 
+    def stop_waiting(self) -> None:
+        """End a drain now: what still runs gets its error event without waiting for the timeout."""
+        self._stop_waiting = True
+
     async def close(self) -> None: ...
 
 
@@ -175,6 +179,7 @@ class RouterService:
         self._executor = ThreadPoolExecutor(config.validation_workers, thread_name_prefix="validation")
         self._batcher_task: asyncio.Task[None] | None = None
         self.draining = False
+        self._stop_waiting = False  # a second signal: drain ends what still runs at once
 
     @classmethod
     async def start(cls, config: RouterConfig, model_dir: Path, client: ServiceClient, model_id: str) -> RouterService:
@@ -294,11 +299,12 @@ class RouterService:
         self.draining = True
         timeout = self.config.graceful_termination_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        while self.in_flight > 0 and time.monotonic() < deadline:
+        while self.in_flight > 0 and time.monotonic() < deadline and not self._stop_waiting:
             await asyncio.sleep(0.05)
         finished = self.in_flight == 0
         if not finished:
-            log.warning("graceful termination timeout: ending %d requests", self.in_flight)
+            why = "stopped without waiting (a second signal)" if self._stop_waiting else "graceful termination timeout"
+            log.warning("%s: ending %d requests with an error event", why, self.in_flight)
             for channel in list(self._channels):
                 channel.fail(ShuttingDownError("the server shut down before the request ended"))
             # Give the streams a moment to deliver their error event and release their permits.
@@ -306,6 +312,10 @@ class RouterService:
             while self.in_flight > 0 and time.monotonic() < end:
                 await asyncio.sleep(0.02)
         return finished
+
+    def stop_waiting(self) -> None:
+        """End a drain now: what still runs gets its error event without waiting for the timeout."""
+        self._stop_waiting = True
 
     async def close(self) -> None:
         """After drain: stop the batching task and release the shard connection and workers."""

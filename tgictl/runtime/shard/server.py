@@ -131,10 +131,18 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
         await server.stop(grace)
         remove_socket(socket_path, inode)
         drained = await loop.run_in_executor(None, worker.drain, _DRAIN_TIMEOUT_S)
+        abandoned = worker.abandoned() if not drained else []
         worker.shutdown()
+        if abandoned:
+            # Its client (the router) is gone, so nobody will read the result: not a failure. Python
+            # would wait for the thread at exit, so leave now; the socket is already gone.
+            log.info("rank %d: stopped while %s was still computing for a client that has left; not waiting for it",
+                     config.rank, ", ".join(abandoned))
+            logging.shutdown()
+            os._exit(0)
         if not drained:
-            # A device job outlived the grace period (a hung collective, say). Python would wait for
-            # its thread forever at exit, so leave now; the socket is already gone.
+            # A device job outlived the grace period with its client still waiting (a hung collective,
+            # say). Python would wait for its thread forever at exit, so leave now.
             log.error("rank %d: a device job is still running after the grace period; exiting", config.rank)
             logging.shutdown()
             os._exit(DeviceError.exit_code)

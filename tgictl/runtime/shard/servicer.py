@@ -54,18 +54,35 @@ class DeviceWorker:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tgictl-device")
-        self._pending: set[Future[Any]] = set()
+        self._pending: dict[Future[Any], str] = {}  # job → its name
+        self._abandoned: set[Future[Any]] = set()  # jobs whose RPC's client gave up
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any, name: str = "") -> T:
         future = self._pool.submit(fn, *args)
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
+        self._pending[future] = name or getattr(fn, "__name__", "job")
+        future.add_done_callback(self._forget)
         result = asyncio.wrap_future(future)
         # Retrieved even when nobody awaits it any more (the job's own error handling reported it).
         result.add_done_callback(lambda f: f.cancelled() or f.exception())
         # Shielded: a client that gives up must not cancel a job still queued, or this rank would skip
         # a step the other ranks run (their collectives would then wait for it).
-        return await asyncio.shield(result)
+        try:
+            return await asyncio.shield(result)
+        except asyncio.CancelledError:
+            self._abandoned.add(future)
+            raise
+
+    def _forget(self, future: Future[Any]) -> None:
+        self._pending.pop(future, None)
+        self._abandoned.discard(future)
+
+    def abandoned(self) -> list[str]:
+        """Names of the jobs still running that nobody waits for any more; empty when some job still
+        has a waiting client."""
+        pending = list(self._pending)
+        if pending and all(f in self._abandoned for f in pending):
+            return [self._pending[f] for f in pending]
+        return []
 
     def drain(self, timeout_s: float) -> bool:
         """Wait for the jobs already submitted; False when one is still running after `timeout_s`."""
@@ -154,7 +171,7 @@ class ShardServicer(TextGenerationServiceServicer):
                     loop.call_soon_threadsafe(self.fail, message)
                 raise
 
-        return await self.worker.run(job)
+        return await self.worker.run(job, name=fn.__name__.lstrip("_"))
 
     # --- RPCs ------------------------------------------------------------------------------------
 

@@ -40,8 +40,13 @@ class GracefulServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it and kill us before cleanup.
         if self._drain_started:
-            if sig == signal.SIGINT:
-                self.force_exit = True
+            # A second signal: no more waiting. Requests still running end now with an error event
+            # (the drain's own timeout path), then uvicorn stops.
+            log.info("received %s again: ending the %d requests still running", signal.Signals(sig).name,
+                     self._service.in_flight)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._service.stop_waiting)
+            else:
                 self.should_exit = True
             return
         self._drain_started = True
@@ -61,13 +66,32 @@ class GracefulServer(uvicorn.Server):
             self.should_exit = True
 
 
+async def _start_or_stop(config: RouterConfig, model_dir: Path, client: ShardedClient, model_id: str) -> RouterService | None:
+    """RouterService.start (the warmup can take many seconds), or None when SIGTERM/SIGINT came first."""
+    loop = asyncio.get_running_loop()
+    starting = asyncio.ensure_future(RouterService.start(config, model_dir, client, model_id))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, starting.cancel)
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        log.info("stopped before serving: a signal came during start-up (the warmup)")
+        return None
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
 async def serve(config: RouterConfig, model_dir: Path, model_id: str) -> None:
     client = await ShardedClient.connect(config.master_shard_uds_path)
     try:
-        service = await RouterService.start(config, model_dir, client, model_id)
+        service = await _start_or_stop(config, model_dir, client, model_id)
     except BaseException:
         await client.close()
         raise
+    if service is None:
+        await client.close()
+        return
     try:
         uv_config = uvicorn.Config(
             create_app(service),
