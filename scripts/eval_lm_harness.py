@@ -75,7 +75,7 @@ def write_tasks(root: Path) -> None:
         "test_split: test\n"
         "output_type: generate_until\n"
         "doc_to_text: \"{{prompt}}\"\n"
-        "doc_to_target: \" {{answer}}\"\n"
+        "doc_to_target: \"{{answer}}\"\n"
         "generation_kwargs:\n  until: [\"\\n\", \".\", \",\"]\n  max_gen_toks: 8\n  do_sample: false\n"
         "metric_list:\n  - metric: exact_match\n    ignore_case: true\n    ignore_punctuation: true\n"
         "filter_list:\n  - name: strip\n    filter:\n      - function: regex\n"
@@ -148,6 +148,7 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], tolerance: float) -> l
     if per_sample(ours, "tgictl_gen") != per_sample(theirs, "tgictl_gen"):
         problems.append(f"generations differ: {per_sample(ours, 'tgictl_gen')} vs {per_sample(theirs, 'tgictl_gen')}")
     print(f"largest per-sample loglikelihood difference: {worst:.2e}")
+    print(f"generations (tgictl): {[r[0] for r in per_sample(ours, 'tgictl_gen')]}")
     return problems
 
 

@@ -50,8 +50,16 @@ with urllib.request.urlopen(req, timeout=60) as response:
 EOF
 }
 
+# The interpreter first: outside the venv the real cause (No module named torch) must be what we say.
+if ! MISSING="$("$PYTHON" -c 'import torch, tgictl' 2>&1)"; then
+    echo "smoke: FAILED: $PYTHON cannot run tgictl: $(printf '%s\n' "$MISSING" | tail -n 1)" >&2
+    echo "smoke: run it with the virtual environment's python: PYTHON=.venv/bin/python $0 (or activate it)" >&2
+    exit 1
+fi
+
 echo "smoke: making a tiny model in $WORK/model"
-"$PYTHON" scripts/make_tiny_model.py "$WORK/model" >/dev/null 2>&1 || fail "make_tiny_model.py"
+"$PYTHON" scripts/make_tiny_model.py "$WORK/model" >/dev/null 2>"$WORK/make_tiny_model.err" \
+    || fail "make_tiny_model.py: $(tail -n 3 "$WORK/make_tiny_model.err")"
 PORT="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 SOCKETS="$WORK/sockets"
 

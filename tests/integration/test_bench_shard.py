@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ def shard_socket(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     finally:
         stop_process(shard)
         log.close()
+        shutil.rmtree(uds.parent, ignore_errors=True)  # the temp dir stays as clean as it was
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
