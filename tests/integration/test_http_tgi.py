@@ -126,9 +126,12 @@ def test_generate_stream_framing_and_agreement(client: httpx.Client) -> None:
     assert [e["token"] for e in events] == whole["details"]["tokens"]
     assert all(e["generated_text"] is None and e["details"] is None for e in events[:-1])
     assert events[-1]["generated_text"] == whole["generated_text"]
+    length = len(client.post("/tokenize", json={"inputs": PROMPT}).json())
+    block = client.get("/info").json()["block_size"]
     assert events[-1]["details"] == {
-        "finish_reason": "length", "generated_tokens": N, "seed": None,
-        "input_length": len(client.post("/tokenize", json={"inputs": PROMPT}).json()),
+        "finish_reason": "length", "generated_tokens": N, "seed": None, "input_length": length,
+        # The same prompt ran just before: its full blocks come from the radix cache.
+        "cached_tokens": min(length // block * block, length - 1),
     }
 
 
