@@ -45,8 +45,9 @@ def supported_architectures() -> list[str]:
 def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force: bool = False) -> Path:
     """Write `gguf_path` as an HF directory at `output` (config.json, generation_config.json,
     tokenizer.json, tokenizer_config.json with the chat template, model.safetensors); returns `output`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with phase("loading torch and transformers for the conversion", logger=log):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in _DTYPES:
         raise ConversionError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
