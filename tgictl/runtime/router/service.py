@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from tgictl.config import RouterConfig
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
+from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
 from tgictl.runtime.router.gateway_metrics import GatewaySources, kv_usage_fraction, register_gateway_gauges
 from tgictl.runtime.router.health import HealthChecker
@@ -39,7 +40,6 @@ from tgictl.runtime.router.scheduling.queue import Queue
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.traced_client import TracedClient
 from tgictl.runtime.router.validation import GenerationInput, ValidationLimits, Validator
-from tgictl.progress import phase
 from tgictl.tracing import add_finished_span, tracer
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,6 @@ class ServiceClient(ShardClient, Protocol):
     async def health(self) -> None: ...
 
     async def warmup(self, request: WarmupRequest) -> WarmupResult: ...
-
-    def stop_waiting(self) -> None:
-        """End a drain now: what still runs gets its error event without waiting for the timeout."""
-        self._stop_waiting = True
 
     async def close(self) -> None: ...
 
