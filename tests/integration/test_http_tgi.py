@@ -131,7 +131,7 @@ def test_generate_stream_framing_and_agreement(client: httpx.Client) -> None:
     assert events[-1]["details"] == {
         "finish_reason": "length", "generated_tokens": N, "seed": None, "input_length": length,
         # The same prompt ran just before: its full blocks come from the radix cache.
-        "cached_tokens": min(length // block * block, length - 1),
+        "cached_tokens": (length - 1) // block * block,
     }
 
 
