@@ -146,3 +146,31 @@ def test_later_chunks_follow_the_routers_prefill_budget(tiny_model_dir: Path, tm
             return currents
 
     assert asyncio.run(body()) == [8, 8, 6, 1]  # 8 done, then 8 + 8 + 6 = 30, then decoding
+
+
+def test_a_job_whose_client_left_is_reported_as_abandoned() -> None:
+    """What lets a shard stopped mid-warmup exit 0: the job still running has nobody waiting."""
+    import threading
+
+    release = threading.Event()
+
+    def warmup() -> str:
+        release.wait(5)
+        return "done"
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        worker = DeviceWorker()
+        waiting = asyncio.ensure_future(worker.run(warmup, name="warmup"))
+        await asyncio.sleep(0.05)
+        still_waited = worker.abandoned()  # its client still waits: not abandoned
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        gone = worker.abandoned()
+        release.set()
+        assert worker.drain(5)
+        worker.shutdown()
+        return still_waited, gone
+
+    still_waited, gone = asyncio.run(scenario())
+    assert still_waited == [] and gone == ["warmup"]
