@@ -118,6 +118,16 @@ class TemplateError(TgictlError):
         super().__init__(f"Template error: {message}")
 
 
+class ToolError(TgictlError):
+    """A bad `tools` / `tool_choice` request (TGI's words and type)."""
+
+    http_status = 422
+    error_type = "tool_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"Tool error: {message}")
+
+
 class PayloadTooLargeError(TgictlError):
     http_status = 413
     error_type = "payload_too_large"

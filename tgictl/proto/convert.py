@@ -32,6 +32,8 @@ from tgictl.proto.messages import (
     FinishReason,
     GeneratedText,
     Generation,
+    Grammar,
+    GrammarType,
     Info,
     PrefillRequest,
     Request,
@@ -46,6 +48,8 @@ from tgictl.proto.messages import (
 
 # FinishReason values are 0, 1, 2 in both enums (checked by the tests); indexing beats an enum call.
 _FINISH_REASONS: tuple[FinishReason, ...] = tuple(sorted(FinishReason))
+
+_GRAMMAR_TYPES: dict[int, GrammarType] = {int(t): t for t in GrammarType}
 
 _StepPb = TypeVar("_StepPb", pb.PrefillResponse, pb.DecodeResponse)
 
@@ -76,6 +80,22 @@ def _fill_sampling(dst: pb.NextTokenChooserParameters, p: SamplingParams) -> Non
     dst.frequency_penalty = p.frequency_penalty
     dst.min_p = p.min_p
     dst.presence_penalty = p.presence_penalty
+    if p.grammar is not None:
+        dst.grammar = p.grammar.value
+        dst.grammar_type = int(p.grammar.type)
+        dst.grammar_replay_tokens = p.grammar.replay_tokens
+
+
+def _grammar_from_pb(m: pb.NextTokenChooserParameters) -> Grammar | None:
+    if m.grammar_type == pb.GRAMMAR_TYPE_NONE:
+        if m.grammar:
+            raise InvalidRequestError("sampling: a grammar needs a grammar_type other than NONE")
+        return None
+    if m.grammar_type not in _GRAMMAR_TYPES:
+        raise InvalidRequestError(f"sampling: unknown grammar_type {m.grammar_type}")
+    if not m.grammar:
+        raise InvalidRequestError("sampling: grammar_type is set but grammar is empty")
+    return Grammar(type=_GRAMMAR_TYPES[m.grammar_type], value=m.grammar, replay_tokens=m.grammar_replay_tokens)
 
 
 def sampling_to_pb(p: SamplingParams) -> pb.NextTokenChooserParameters:
@@ -96,6 +116,7 @@ def sampling_from_pb(m: pb.NextTokenChooserParameters) -> SamplingParams:
         repetition_penalty=m.repetition_penalty,
         frequency_penalty=m.frequency_penalty,
         presence_penalty=m.presence_penalty,
+        grammar=_grammar_from_pb(m),
     )
 
 

@@ -7,11 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GrammarType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAMMAR_TYPE_NONE: _ClassVar[GrammarType]
+    GRAMMAR_TYPE_JSON: _ClassVar[GrammarType]
+    GRAMMAR_TYPE_REGEX: _ClassVar[GrammarType]
+    GRAMMAR_TYPE_LLGUIDANCE: _ClassVar[GrammarType]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_EOS_TOKEN: _ClassVar[FinishReason]
     FINISH_REASON_STOP_SEQUENCE: _ClassVar[FinishReason]
+GRAMMAR_TYPE_NONE: GrammarType
+GRAMMAR_TYPE_JSON: GrammarType
+GRAMMAR_TYPE_REGEX: GrammarType
+GRAMMAR_TYPE_LLGUIDANCE: GrammarType
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_EOS_TOKEN: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason
@@ -81,7 +92,7 @@ class ClearCacheResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class NextTokenChooserParameters(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "typical_p", "do_sample", "seed", "repetition_penalty", "frequency_penalty", "min_p", "presence_penalty")
+    __slots__ = ("temperature", "top_k", "top_p", "typical_p", "do_sample", "seed", "repetition_penalty", "frequency_penalty", "grammar", "grammar_type", "min_p", "presence_penalty", "grammar_replay_tokens")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -90,8 +101,11 @@ class NextTokenChooserParameters(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_TYPE_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_REPLAY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -100,9 +114,12 @@ class NextTokenChooserParameters(_message.Message):
     seed: int
     repetition_penalty: float
     frequency_penalty: float
+    grammar: str
+    grammar_type: GrammarType
     min_p: float
     presence_penalty: float
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ...) -> None: ...
+    grammar_replay_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., grammar: _Optional[str] = ..., grammar_type: _Optional[_Union[GrammarType, str]] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., grammar_replay_tokens: _Optional[int] = ...) -> None: ...
 
 class StoppingCriteriaParameters(_message.Message):
     __slots__ = ("max_new_tokens", "ignore_eos_token")

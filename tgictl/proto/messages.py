@@ -12,6 +12,24 @@ import enum
 from dataclasses import dataclass, field
 
 
+class GrammarType(enum.IntEnum):
+    """How Grammar.value is read (generate.proto's GrammarType)."""
+
+    NONE = 0
+    JSON = 1  # a JSON schema
+    REGEX = 2  # a regex the whole output must match
+    LLGUIDANCE = 3  # a compiled llguidance grammar: what the tgictl router sends
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """The grammar a request's tokens must follow (docs/architecture.md, "Guided generation")."""
+
+    type: GrammarType
+    value: str
+    replay_tokens: int = 0  # continuation rounds: the last n input ids were generated under it
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request chooses its next token. Neutral values switch a processor off."""
@@ -26,6 +44,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0; 1.0 = off (CTRL-style: divide positive, multiply negative)
     frequency_penalty: float = 0.0  # [-2, 2]; subtracts penalty * count(token) (OpenAI semantics)
     presence_penalty: float = 0.0  # [-2, 2]; subtracts penalty once per token already present
+    grammar: Grammar | None = None  # None = unconstrained
 
     @property
     def samples(self) -> bool:

@@ -27,6 +27,7 @@ from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, Valida
 from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
 from tgictl.runtime.router.gateway_metrics import GatewaySources, kv_usage_fraction, register_gateway_gauges
+from tgictl.runtime.router.guided.grammars import GrammarValidator
 from tgictl.runtime.router.health import HealthChecker
 from tgictl.runtime.router.kv.prefix_allocator import create_allocator
 from tgictl.runtime.router.metered_client import MeteredClient
@@ -116,6 +117,7 @@ class RouterService:
         limits: RouterLimits,
         tokenizer: RouterTokenizer,
         client: ServiceClient,
+        grammars: GrammarValidator | None = None,
     ) -> None:
         self.config = config
         self.model_id = model_id
@@ -136,6 +138,7 @@ class RouterService:
                 max_new_tokens_per_round=config.max_new_tokens_per_round,
                 vocab_size=info.vocab_size,
             ),
+            grammars,
         )
         # The router owns the prefix cache; the shard only says whether it can compute from a cached prefix.
         self.prefix_caching = config.prefix_caching and info.use_prefix_caching
@@ -197,7 +200,8 @@ class RouterService:
             limits.max_input_tokens, limits.max_total_tokens, limits.max_batch_prefill_tokens,
             limits.max_batch_total_tokens, limits.num_blocks, info.block_size,
         )
-        service = cls(config, model_id, info, limits, tokenizer, client)
+        grammars = GrammarValidator.for_model(model_dir, info.vocab_size, info.eos_token_ids)
+        service = cls(config, model_id, info, limits, tokenizer, client, grammars)
         service._batcher_task = asyncio.create_task(service.batcher.run(), name="batcher")
         return service
 

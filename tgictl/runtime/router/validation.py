@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tgictl.errors import ValidationError
 from tgictl.proto.messages import SamplingParams
+from tgictl.runtime.router.guided.grammars import GrammarRequest, GrammarValidator
 from tgictl.runtime.router.request import ValidatedRequest
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 
@@ -63,6 +64,7 @@ class GenerationInput:
     # A prompt given as token ids (OpenAI completions): used as is, never re-tokenized; `inputs` then
     # holds its decoded text.
     input_ids: tuple[int, ...] | None = None
+    grammar: GrammarRequest | None = None  # the output must follow it (docs/architecture.md, "Guided generation")
 
 
 # The shards compute in float32: a larger double (1e308) becomes inf there and fails the batch.
@@ -123,9 +125,12 @@ def _sampling(given: GenerationInput, seed: int) -> SamplingParams:
 
 
 class Validator:
-    def __init__(self, tokenizer: RouterTokenizer, limits: ValidationLimits) -> None:
+    def __init__(
+        self, tokenizer: RouterTokenizer, limits: ValidationLimits, grammars: GrammarValidator | None = None
+    ) -> None:
         self._tokenizer = tokenizer
         self.limits = limits
+        self._grammars = grammars  # None: grammars are refused
 
     def validate(self, request: GenerationInput) -> ValidatedRequest:
         """Check every limit in TGI's order; tokenize; raise ValidationError naming field and limit."""
@@ -188,6 +193,10 @@ class Validator:
             raise ValidationError(
                 f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
             )
+        if request.grammar is not None:  # TGI checks the grammar last, too
+            if self._grammars is None:
+                raise ValidationError("grammar is not supported")
+            sampling = dataclasses.replace(sampling, grammar=self._grammars.compile(request.grammar))
         return ValidatedRequest(
             input_ids=tuple(ids),
             sampling=sampling,

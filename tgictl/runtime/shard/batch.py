@@ -27,6 +27,7 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import Batch, CachedBatch, Request
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, Matcher
 from tgictl.runtime.shard.sampling.sampler import (
     NextTokenChooser,
     TokenHistory,
@@ -47,6 +48,8 @@ class RowState:
     prompt_logprobs: list[float] | None = None
     # With prompt logprobs and top_n_tokens: the top tokens per prompt position (empty where none exists).
     prompt_top: list[tuple[list[int], list[float]]] | None = None
+    # The request's grammar state, advanced over every token it emits; None = unconstrained.
+    matcher: Matcher | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -55,6 +58,11 @@ class RowState:
     @property
     def prefilling(self) -> bool:
         return self.cache_len < self.prompt_len
+
+    @property
+    def pending(self) -> int:
+        """Tokens without K/V yet: the rest of the prompt, or 1 + the tokens a grammar forced."""
+        return len(self.all_ids) - self.cache_len
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -95,6 +103,11 @@ def _check_request(request: Request, block_size: int, num_blocks: int, vocab_siz
         raise InvalidRequestError(
             f"request {rid}: chunk_len must be in 1 .. {prompt_len - request.cache_len}, got {request.chunk_len}"
         )
+    grammar = request.sampling.grammar
+    if grammar is not None and grammar.replay_tokens > prompt_len:
+        raise InvalidRequestError(
+            f"request {rid}: grammar_replay_tokens must be <= {prompt_len}, got {grammar.replay_tokens}"
+        )
     if min(request.input_ids) < 0 or max(request.input_ids) >= vocab_size:
         raise InvalidRequestError(f"request {rid}: token ids must be in 0 .. {vocab_size - 1}")
     # Every position that is ever written: the prompt and all generated tokens but the last.
@@ -115,6 +128,16 @@ def _check_request(request: Request, block_size: int, num_blocks: int, vocab_siz
         raise InvalidRequestError(f"request {rid}: slots must be block * block_size + offset of its blocks")
 
 
+def _matcher(request: Request, grammars: GrammarCompiler | None) -> Matcher | None:
+    grammar = request.sampling.grammar
+    if grammar is None:
+        return None
+    if grammars is None:
+        raise InvalidRequestError(f"request {request.id}: this shard does not follow grammars")
+    replay = request.input_ids[len(request.input_ids) - grammar.replay_tokens :] if grammar.replay_tokens else ()
+    return grammars.matcher(grammar, replay)
+
+
 @dataclass(eq=False)
 class ShardBatch:
     id: int
@@ -125,9 +148,17 @@ class ShardBatch:
 
     @classmethod
     def from_batch(
-        cls, batch: Batch, *, block_size: int, num_blocks: int, vocab_size: int, device: torch.device
+        cls,
+        batch: Batch,
+        *,
+        block_size: int,
+        num_blocks: int,
+        vocab_size: int,
+        device: torch.device,
+        grammars: GrammarCompiler | None = None,
     ) -> ShardBatch:
-        """Validate the router's batch against this shard's cache and build the first step's rows."""
+        """Validate the router's batch against this shard's cache and build the first step's rows;
+        a constrained request gets its matcher from `grammars` (None: grammars are refused)."""
         if not batch.requests:
             raise InvalidRequestError(f"batch {batch.id}: requests must not be empty")
         if len({r.id for r in batch.requests}) != len(batch.requests):
@@ -148,6 +179,7 @@ class ShardBatch:
                         [([], [])] * (request.cache_len + 1)
                         if request.prefill_logprobs and request.top_n_tokens else None
                     ),
+                    matcher=_matcher(request, grammars),
                 )
             )
         params = [r.sampling for r in batch.requests]

@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def next_chunk_lengths(progress: Sequence[tuple[int, int]], max_prefill_tokens: int | None) -> list[int]:
-    """`progress`: (prompt_len, cache_len) per row, in batch order. Decoding rows take 1 token each,
-    charged up front; the rest of the budget goes to prefilling rows from the newest (last) to the
-    oldest, each getting at least 1 token so every row progresses. None: no budget."""
-    lengths = [1] * len(progress)
-    budget = None if max_prefill_tokens is None else max_prefill_tokens - (len(progress) - 1)
+def next_chunk_lengths(
+    progress: Sequence[tuple[int, int]], max_prefill_tokens: int | None, pending: Sequence[int] | None = None
+) -> list[int]:
+    """`progress`: (prompt_len, cache_len) per row, in batch order. Decoding rows take their pending
+    tokens (`pending`: 1, or 1 + the tokens a grammar forced, docs/architecture.md, "Guided
+    generation"; None: 1 each), charged up front; the rest of the budget goes to prefilling rows from
+    the newest (last) to the oldest, each getting at least 1 token so every row progresses. None: no
+    budget."""
+    lengths = [
+        1 if pending is None or prompt_len > cache_len else max(pending[i], 1)
+        for i, (prompt_len, cache_len) in enumerate(progress)
+    ]
+    budget = None if max_prefill_tokens is None else max_prefill_tokens - (sum(lengths) - 1)
     for i in range(len(progress) - 1, -1, -1):
         prompt_len, cache_len = progress[i]
         remaining = prompt_len - cache_len

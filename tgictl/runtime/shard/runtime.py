@@ -32,6 +32,7 @@ from tgictl.runtime.shard.host_memory import release_free_memory
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.registry import load_model
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler
 from tgictl.runtime.shard.step import ModelRunner
 from tgictl.runtime.shard.warmup import KVMemorySettings, warmup
 
@@ -73,6 +74,7 @@ class ShardRuntime:
         dist: DistContext,
         block_size: int,
         kv_settings: KVMemorySettings,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {block_size}")
@@ -83,7 +85,9 @@ class ShardRuntime:
         self.dist = dist
         self.block_size = block_size
         self.kv_settings = kv_settings
-        self.runner = ModelRunner(model, self.make_cache(1), block_size=block_size, dist=dist, device=device)
+        self.runner = ModelRunner(
+            model, self.make_cache(1), block_size=block_size, dist=dist, device=device, grammars=grammars
+        )
         self._steps = 0  # Prefill and Decode steps run, for the periodic heap trim
 
     @classmethod
@@ -104,8 +108,16 @@ class ShardRuntime:
         release_free_memory(collect_garbage=True)  # the parts of the fused weights, freed at load
         if torch_device.type == "cpu":
             load_native_kernels()  # built (about a second, once per machine) now, not in the first request
+        config = model.config
+        # The vocabulary for grammars loads in the background; a model without tokenizer.json refuses them.
+        grammars = (
+            GrammarCompiler(Path(model_dir), config.vocab_size, tuple(config.eos_token_ids))
+            if (Path(model_dir) / "tokenizer.json").is_file()
+            else None
+        )
         return cls(
-            model, dtype=torch_dtype, device=torch_device, dist=dist, block_size=block_size, kv_settings=settings
+            model, dtype=torch_dtype, device=torch_device, dist=dist, block_size=block_size, kv_settings=settings,
+            grammars=grammars,
         )
 
     def make_cache(self, num_blocks: int) -> KVCache:
@@ -151,6 +163,7 @@ class ShardRuntime:
             num_blocks=self.runner.kv_cache.num_blocks,
             vocab_size=self.config.vocab_size,
             device=self.device,
+            grammars=self.runner.grammars,
         )
 
     def prefill(self, batch: Batch, cached: ShardBatch | None = None) -> StepOutput:

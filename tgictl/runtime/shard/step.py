@@ -5,6 +5,11 @@ prompt chunk or decoding: one forward over every row's new tokens; the chooser p
 every row at once; rows still prefilling discard theirs (and, because a row's sampling step is its
 count of emitted tokens, no random draw is used up); the others count it, check stopping and emit a
 Generation. Afterwards the rows advance and the next chunk sizes are chosen within the prefill budget.
+
+Constrained rows (docs/architecture.md, "Guided generation"): their masks are computed in a worker
+thread while the forward runs and applied inside the chooser; after sampling, a row whose grammar
+allows exactly one continuation appends those tokens too (forced tokens), within its max_new_tokens,
+and the next forward computes their K/V together with the row's next token, like a small chunk.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tgictl.runtime.shard.batch import RowState, ShardBatch, StepInputs
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.base import CausalLM
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, MaskJob, advance
 from tgictl.runtime.shard.sampling.sampler import TokenHistory, top_n_tokens
 from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.runtime.shard.sampling.stopping import finish_reason
@@ -36,7 +42,15 @@ class ModelRunner:
     """Runs steps of `ShardBatch`es on one rank's model and KV cache."""
 
     def __init__(
-        self, model: CausalLM, kv_cache: KVCache, *, block_size: int, dist: DistContext, device: torch.device
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        *,
+        block_size: int,
+        dist: DistContext,
+        device: torch.device,
+        grammars: GrammarCompiler | None = None,
+        forced_tokens: bool = True,
     ) -> None:
         if kv_cache.block_size != block_size:
             raise ConfigError(f"KV cache block_size {kv_cache.block_size} != runner block_size {block_size}")
@@ -48,6 +62,8 @@ class ModelRunner:
         self.vocab_size: int = model.config.vocab_size
         self.eos_token_ids = frozenset(model.config.eos_token_ids)
         self.max_prefill_tokens: int | None = None  # None: a prompt is computed in one forward
+        self.grammars = grammars  # None: grammars are refused
+        self.forced_tokens = forced_tokens  # False: forced tokens are sampled one step each (measurements)
 
     def set_max_prefill_tokens(self, tokens: int | None) -> None:
         """The per-forward token budget later chunks are sized within (TGI's set_max_prefill_tokens)."""
@@ -68,14 +84,17 @@ class ModelRunner:
     def generate_token(self, batch: ShardBatch) -> tuple[list[Generation], ShardBatch | None, Timings]:
         start = time.perf_counter_ns()
         inputs = batch.step_inputs(self.device)
-        logits = self.forward(inputs)  # [n, V]
-        sample_logits = logits if inputs.sample_rows is None else logits.index_select(0, inputs.sample_rows)
         rows = batch.rows
+        emits = [row.cache_len + row.chunk_len >= row.prompt_len for row in rows]
+        constrained = [(row.matcher, b) for b, row in enumerate(rows) if row.matcher is not None and emits[b]]
+        masks = MaskJob(self.grammars, constrained, len(rows)) if constrained and self.grammars else None
+        logits = self.forward(inputs)  # [n, V]; the masks are computed meanwhile
+        sample_logits = logits if inputs.sample_rows is None else logits.index_select(0, inputs.sample_rows)
         # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.
         steps = torch.tensor([row.generated for row in rows], dtype=torch.int64, device=self.device)
+        allowed = masks.allowed(self.vocab_size, self.device) if masks is not None else None
         with torch.inference_mode():
-            chosen = batch.chooser(sample_logits, batch.history, steps)
-        emits = [row.cache_len + row.chunk_len >= row.prompt_len for row in rows]
+            chosen = batch.chooser(sample_logits, batch.history, steps, allowed)
         # Every rank computes every row; only rank 0 reports (generate.proto), so only it needs the
         # top-n lists and prompt logprobs. The others keep the rows' state in step.
         reports = self.dist.rank == 0
@@ -98,21 +117,34 @@ class ModelRunner:
             if not emits[b]:
                 continue
             first = row.generated == 0
-            row.generated += 1
-            row.all_ids.append(next_ids[b])
             stopping = row.request.stopping
-            reason = finish_reason(
-                row.generated, next_ids[b], stopping.max_new_tokens, stopping.ignore_eos, self.eos_token_ids
-            )
+            tokens = [next_ids[b]]
+            if row.matcher is not None:
+                limit = stopping.max_new_tokens - row.generated - 1 if self.forced_tokens else 0
+                tokens += advance(row.matcher, next_ids[b], limit, self.eos_token_ids)
+            reason = None
+            count = 0
+            for token in tokens:  # stop at the first token that ends the request
+                row.generated += 1
+                row.all_ids.append(token)
+                count += 1
+                reason = finish_reason(
+                    row.generated, token, stopping.max_new_tokens, stopping.ignore_eos, self.eos_token_ids
+                )
+                if reason is not None:
+                    break
+            if count > 1:
+                _count_forced(batch.history, b, row.all_ids[-count + 1 :])
             if reason is not None:
                 finished.append(b)
             if reports:
                 top_tokens = () if top is None or not top_n[b] else (_tokens(top[b]),)
-                generations.append(_generation(row, next_lps[b], first, top_tokens, reason))
+                generations.append(_generation(row, next_lps[b], first, top_tokens, reason, count))
         next_batch = _without_rows(batch, finished)
         if next_batch is not None:
             progress = [(row.prompt_len, row.cache_len) for row in next_batch.rows]
-            for row, length in zip(next_batch.rows, next_chunk_lengths(progress, self.max_prefill_tokens)):
+            pending = [row.pending for row in next_batch.rows]  # 1 + the tokens a grammar forced
+            for row, length in zip(next_batch.rows, next_chunk_lengths(progress, self.max_prefill_tokens, pending)):
                 row.chunk_len = length
         end = time.perf_counter_ns()
         timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)
@@ -183,9 +215,15 @@ def _without_rows(batch: ShardBatch, finished: list[int]) -> ShardBatch | None:
 
 
 def _generation(
-    row: RowState, logprob: float, first: bool, top_tokens: tuple[Tokens, ...], reason: FinishReason | None
+    row: RowState,
+    logprob: float,
+    first: bool,
+    top_tokens: tuple[Tokens, ...],
+    reason: FinishReason | None,
+    count: int,
 ) -> Generation:
-    """What `row` reports for the token it just appended to all_ids."""
+    """What `row` reports for the `count` tokens it just appended to all_ids: the sampled one, then
+    any its grammar forced (no logprob, no top tokens: the model never scored them)."""
     request = row.request
     prefill = None
     prefill_top: tuple[Tokens, ...] = ()
@@ -197,11 +235,12 @@ def _generation(
     if reason is not None:
         seed = request.sampling.seed if request.sampling.samples else None
         done = GeneratedText(generated_tokens=row.generated, finish_reason=reason, seed=seed)
+    forced = count - 1
     return Generation(
         request_id=request.id,
-        tokens=Tokens(ids=(row.all_ids[-1],), logprobs=(logprob,)),
+        tokens=Tokens(ids=tuple(row.all_ids[-count:]), logprobs=(logprob,) + (float("nan"),) * forced),
         prefill_tokens=prefill,
-        top_tokens=top_tokens,
+        top_tokens=top_tokens + (Tokens(),) * forced if top_tokens else (),
         generated_text=done,
         prefill_top_tokens=prefill_top,
     )
@@ -215,6 +254,14 @@ def _count_emitted(history: TokenHistory, next_ids: Tensor, emits: list[bool]) -
         # TokenHistory.append has no row mask, so the partial update goes to its counts directly.
         rows = torch.tensor([b for b, emit in enumerate(emits) if emit], dtype=torch.int64, device=history.device)
         history.counts[rows, next_ids.index_select(0, rows)] += 1.0
+
+
+def _count_forced(history: TokenHistory, row: int, forced: list[int]) -> None:
+    """Forced tokens are part of the text: the penalties count them like sampled ones."""
+    if history.counts is None:
+        return
+    for token in forced:
+        history.counts[row, token] += 1.0
 
 
 def _tokens(entry: tuple[list[int], list[float]]) -> Tokens:

@@ -19,6 +19,7 @@ from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.registry import load_model
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler
 from tgictl.runtime.shard.step import ModelRunner
 
 BLOCK_SIZE = 16
@@ -68,13 +69,18 @@ def make_request(
     )
 
 
-def make_runner(model_dir: Path, num_blocks: int = 256, dtype: torch.dtype = torch.float32) -> ModelRunner:
+def make_runner(
+    model_dir: Path, num_blocks: int = 256, dtype: torch.dtype = torch.float32, forced_tokens: bool = True
+) -> ModelRunner:
     dist = DistContext.single()
     model = load_model(Path(model_dir), dtype=dtype, device=CPU, dist=dist)
     cache = KVCache.for_model(
         model.config, world_size=1, num_blocks=num_blocks, block_size=BLOCK_SIZE, dtype=dtype, device=CPU
     )
-    return ModelRunner(model, cache, block_size=BLOCK_SIZE, dist=dist, device=CPU)
+    grammars = GrammarCompiler(Path(model_dir), model.config.vocab_size, tuple(model.config.eos_token_ids))
+    return ModelRunner(
+        model, cache, block_size=BLOCK_SIZE, dist=dist, device=CPU, grammars=grammars, forced_tokens=forced_tokens
+    )
 
 
 def shard_batch(runner: ModelRunner, batch_id: int, requests: list[Request]) -> ShardBatch:
@@ -84,6 +90,7 @@ def shard_batch(runner: ModelRunner, batch_id: int, requests: list[Request]) -> 
         num_blocks=runner.kv_cache.num_blocks,
         vocab_size=runner.vocab_size,
         device=runner.device,
+        grammars=runner.grammars,
     )
 
 

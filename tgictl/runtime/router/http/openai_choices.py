@@ -110,10 +110,11 @@ class OpenAIRun:
         http: Request,
         body: SamplingFields,
         jobs: list[Job],
-        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any]],
+        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any] | None],
         final: Callable[[Job, Outcome], dict[str, Any]],
         chunk_object: str,
     ) -> Response:
+        """`chunk` may return None for an event that releases nothing yet (a tool call being read)."""
         admissions, validated = await start_jobs(self.service, jobs)
         channel = self.service.open(admissions, validated)
 
@@ -139,7 +140,7 @@ class OpenAIRun:
         self,
         jobs: list[Job],
         channel: EventChannel,
-        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any]],
+        chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any] | None],
         chunk_object: str,
         include_usage: bool,
     ) -> AsyncIterator[str]:
@@ -161,7 +162,9 @@ class OpenAIRun:
                 if isinstance(event, (TokenEvent, EndEvent)):
                     if isinstance(event, EndEvent):
                         ends[jobs[i].index] = event
-                    yield sse(self.envelope(chunk_object, [chunk(jobs[i], event)], **usage_key))
+                    choice = chunk(jobs[i], event)
+                    if choice is not None:
+                        yield sse(self.envelope(chunk_object, [choice], **usage_key))
             if include_usage:
                 yield sse(self.envelope(chunk_object, [], usage=_usage(jobs, ends, self.completion_tokens)))
             yield sse("[DONE]")

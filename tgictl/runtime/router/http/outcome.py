@@ -3,6 +3,7 @@ share."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,8 @@ class Outcome:
 
     @property
     def mean_logprob(self) -> float:
-        values = [t.logprob for t in self.tokens]
+        """Over the sampled tokens: a token its grammar forced has no logprob (NaN)."""
+        values = [t.logprob for t in self.tokens if not math.isnan(t.logprob)]
         return sum(values) / len(values) if values else float("-inf")
 
 

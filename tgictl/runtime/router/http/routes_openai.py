@@ -1,8 +1,9 @@
 """OpenAI's routes (TGI's router/src/lib.rs ChatRequest, CompletionRequest): POST /v1/chat/completions and /v1/completions.
 
 Every choice (n per prompt) is one request with its own permit, run concurrently (openai_run.py).
-Finish reasons are OpenAI's only ("stop", "length"), and stop strings are not in
-the text, streamed or not.
+Finish reasons are OpenAI's only ("stop", "length", and "tool_calls" for an answer made of calls),
+and stop strings are not in the text, streamed or not. `response_format` and `tools` become the
+request's grammar (docs/architecture.md, "Guided generation").
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tgictl.runtime.router.http.openai_choices import (
     Job,
     OpenAIRun,
 )
+from tgictl.runtime.router.guided.tools import plan_tools
+from tgictl.runtime.router.http.openai_tools import StreamedChoice, final_message, prompt_messages
 from tgictl.runtime.router.http.outcome import OPENAI_FINISH_REASONS, Outcome
 from tgictl.runtime.router.http.schemas_openai import ChatRequest, CompletionRequest
 from tgictl.runtime.router.request import EndEvent, TokenEvent, TokenInfo
@@ -67,37 +70,40 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
         if body.n < 1:
             raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
         _check_choices(service, body.n)
-        messages = [m.template_dict() for m in body.messages]
-        text = continue_final_message(await service.render_chat(messages, body.tools), messages)
+        plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+        grammar = plan.grammar if plan is not None else body.response_grammar()
+        messages, tools = prompt_messages(body.messages, plan, service.tokenizer.template_supports_tools,
+                                          body.tool_prompt)
+        text = continue_final_message(await service.render_chat(messages, tools), messages)
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         jobs = [
             Job(0, i, body.generation_input(text, max_new_tokens=body.max_new_tokens(), top_n_tokens=top_n,
-                                            choice=i, add_special_tokens=False))
+                                            choice=i, add_special_tokens=False, grammar=grammar))
             for i in range(body.n)
         ]
         run = OpenAIRun(service, "chatcmpl", "chat.completion")
-        started: set[int] = set()
+        streamed = {job.index: StreamedChoice(plan) for job in jobs}
 
         def logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenInfo]]) -> dict[str, Any] | None:
             if not body.logprobs:
                 return None
             return {"content": [_openai_logprob(t, top) for t, top in zip(tokens, tops)]}
 
-        def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any]:
-            delta: dict[str, Any] = {"content": event.content}
-            if job.index not in started:
-                started.add(job.index)
-                delta = {"role": "assistant", **delta}
-            reason = OPENAI_FINISH_REASONS[event.finish_reason] if isinstance(event, EndEvent) else None
+        def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any] | None:
+            end = event.finish_reason if isinstance(event, EndEvent) else None
+            delta, reason = streamed[job.index].delta(event.content, end)
+            if delta is None:
+                return None
             return {"index": job.index, "delta": delta, "logprobs": logprobs([event.token], [event.top_tokens]),
                     "finish_reason": reason}
 
         def final(job: Job, outcome: Outcome) -> dict[str, Any]:
+            message, reason = final_message(plan, outcome.end.generated_text, outcome.end.finish_reason)
             return {
                 "index": job.index,
-                "message": {"role": "assistant", "content": outcome.end.generated_text},
+                "message": message,
                 "logprobs": logprobs(outcome.tokens, outcome.top_tokens),
-                "finish_reason": OPENAI_FINISH_REASONS[outcome.end.finish_reason],
+                "finish_reason": reason,
             }
 
         return await run.respond(http, body, jobs, chunk, final, "chat.completion.chunk")
@@ -116,11 +122,12 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
         texts = [p if isinstance(p, str) else service.tokenizer.decode(list(p), skip_special_tokens=False)
                  for p in prompts]
         max_new_tokens = None if body.max_tokens is None else body.max_tokens + shape.max_new_tokens_delta
+        grammar = body.response_grammar()
         jobs = [
             Job(p, p * body.n + i, body.generation_input(
                 texts[p], max_new_tokens=max_new_tokens, top_n_tokens=body.logprobs, choice=i,
                 add_special_tokens=True, input_ids=None if isinstance(prompt, str) else prompt,
-                prompt_logprobs=shape.prompt_logprobs,
+                prompt_logprobs=shape.prompt_logprobs, grammar=grammar,
             ))
             for p, prompt in enumerate(prompts)
             for i in range(body.n)

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI routes (TGI's router/src/lib.rs ChatRequest, CompletionRequest) and their translation to GenerationInput.
 
 Deliberate differences from TGI: `n` >= 1 choices are generated (TGI ignores n); presence_penalty is
-a real presence penalty (TGI maps it to repetition_penalty + 2); temperature 0 means greedy.
+a real presence penalty (TGI maps it to repetition_penalty + 2); temperature 0 means greedy;
+`response_format: {"type": "json_object"}` needs no schema (any JSON object; TGI refuses it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tgictl.errors import ValidationError
+from tgictl.errors import ToolError, ValidationError
+from tgictl.runtime.router.guided.grammars import GrammarRequest, tgi_grammar
+from tgictl.runtime.router.guided.tools import call_text
 from tgictl.runtime.router.validation import GenerationInput
 
 U64 = 2**64
@@ -36,9 +39,12 @@ class Message(BaseModel):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
-    def template_dict(self) -> dict[str, Any]:
-        """What the chat template sees (TGI: content flattened to one string)."""
+    def template_dict(self, native_tools: bool = False) -> dict[str, Any]:
+        """What the chat template sees (TGI: content flattened to one string). An assistant's tool
+        calls: a template with tool support gets them as `tool_calls` (arguments as objects, as
+        transformers' templates expect); any other sees them written out as the model writes calls."""
         if isinstance(self.content, list):
             pieces = []
             for part in self.content:
@@ -47,16 +53,42 @@ class Message(BaseModel):
                 elif part.type == "image_url" and part.image_url is not None:
                     pieces.append(f"![]({part.image_url.url})")
             content = "".join(pieces)
-        elif self.content is None and self.tool_calls:
-            content = json.dumps(self.tool_calls)
         else:
             content = self.content or ""
+        calls = [_call(c) for c in self.tool_calls or ()]
+        if calls and not native_tools:
+            written = "\n".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls)
+            content = f"{content}\n{written}" if content else written
         message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if calls and native_tools:
+            message["tool_calls"] = calls
         return message
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call of a conversation, its arguments parsed (they travel as a JSON string)."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ToolError("an assistant message's tool_calls need function.name")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except json.JSONDecodeError:
+            raise ToolError(f"tool call {function['name']!r}: arguments are not JSON") from None
+    return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    json_schema: Any = None  # OpenAI: {"name", "schema", "strict"}
+    value: Any = None  # TGI's grammar union: {"type": "json" | "regex", "value": ...}
 
 
 class StreamOptions(BaseModel):
@@ -86,6 +118,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     ignore_eos: bool = Field(default=False, description="extension for benchmarks: generate past EOS")
+    response_format: ResponseFormat | None = None
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -95,9 +128,29 @@ class SamplingFields(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def response_grammar(self) -> GrammarRequest | None:
+        """OpenAI's response_format (text, json_object, json_schema with `strict`), or TGI's grammar
+        union (json, regex) in the same field."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return GrammarRequest.json_schema({"type": "object"}, strict=True)
+        if fmt.type == "json_schema" and fmt.json_schema is not None:
+            spec = fmt.json_schema
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise ValidationError("grammar is not valid: `json_schema` needs {\"name\", \"schema\"}")
+            return GrammarRequest.json_schema(spec.get("schema", {"type": "object"}), strict=spec.get("strict") is True)
+        if fmt.type in ("json", "regex"):
+            return tgi_grammar({"type": fmt.type, "value": fmt.value})
+        raise ValidationError(
+            f"`response_format` type `{fmt.type}` is not supported: use `text`, `json_object` or `json_schema`"
+        )
+
     def generation_input(
         self, inputs: str, *, max_new_tokens: int | None, top_n_tokens: int | None, choice: int,
         add_special_tokens: bool, input_ids: tuple[int, ...] | None = None, prompt_logprobs: bool = False,
+        grammar: GrammarRequest | None = None,
     ) -> GenerationInput:
         """One choice's request. Choice i of a seeded request uses seed + i, so the choices differ
         (OpenAI's n) yet the whole answer is reproducible."""
@@ -126,13 +179,8 @@ class SamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             input_ids=input_ids,
             decoder_input_details=prompt_logprobs,
+            grammar=grammar,
         )
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
 
 
 class ChatRequest(SamplingFields):
@@ -143,7 +191,9 @@ class ChatRequest(SamplingFields):
     logit_bias: dict[str, float] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool = True
+    tool_prompt: str | None = Field(default=None, description="TGI: the instruction appended with the tools "
+                                    "for templates without tool support")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -151,10 +201,8 @@ class ChatRequest(SamplingFields):
     def check_supported(self) -> None:
         if not self.messages:
             raise ValidationError("`messages` cannot be empty")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValidationError("grammar is not supported")
-        if self.tool_choice not in (None, "auto", "none"):
-            raise ValidationError("forcing a tool with `tool_choice` is not supported")
+        if self.tools and self.response_format is not None and self.response_format.type != "text":
+            raise ToolError("Grammar and tools are mutually exclusive")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValidationError("`top_logprobs` requires `logprobs` to be true")
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tgictl.errors import ValidationError
+from tgictl.runtime.router.guided.grammars import tgi_grammar
 from tgictl.runtime.router.validation import GenerationInput
 
 
@@ -39,7 +40,11 @@ class GenerateParameters(BaseModel):
     decoder_input_details: bool | None = None
     seed: int | None = None
     top_n_tokens: int | None = None
-    grammar: Any = None
+    grammar: Any = Field(
+        default=None,
+        description='{"type": "json" | "json_object", "value": schema} | {"type": "json_schema", "value": '
+        '{"name", "schema"}} | {"type": "regex", "value": regex}',
+    )
     adapter_id: str | None = None
     ignore_eos: bool | None = Field(default=None, description="tgictl extension for benchmarks: generate past EOS")
 
@@ -60,8 +65,6 @@ def unsupported(parameters: GenerateParameters) -> None:
     """Features TGI has and tgictl does not: refused with a validation error, never ignored."""
     if parameters.watermark:
         raise ValidationError("`watermark` is not supported")
-    if parameters.grammar is not None:
-        raise ValidationError("grammar is not supported")
     if parameters.adapter_id is not None:
         raise ValidationError("`adapter_id` is not supported: LoRA adapters are not available")
 
@@ -90,4 +93,5 @@ def to_generation_input(request: GenerateRequest, *, stream: bool) -> Generation
         top_n_tokens=p.top_n_tokens,
         decoder_input_details=bool(p.decoder_input_details),
         ignore_eos=bool(p.ignore_eos),
+        grammar=tgi_grammar(p.grammar) if p.grammar is not None else None,
     )

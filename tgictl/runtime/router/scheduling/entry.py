@@ -141,12 +141,16 @@ class Entry:
     def next_round(self) -> None:
         """Become the next round's request: the output so far joins the prompt; prompt logprobs were
         the first round's; a sampling seed is decorrelated per round (the shard's random stream is
-        keyed by (seed, step), and steps count from 0 in every round)."""
+        keyed by (seed, step), and steps count from 0 in every round); a grammar's matcher is replayed
+        over the tokens generated so far."""
         self._rounds += 1
         original = self.request
         sampling = original.sampling
         if sampling.samples:
             sampling = dataclasses.replace(sampling, seed=(sampling.seed + self._rounds * _GOLDEN) % _U64)
+        if sampling.grammar is not None:  # the shard's new matcher replays what earlier rounds generated
+            grammar = dataclasses.replace(sampling.grammar, replay_tokens=len(self.generated_ids))
+            sampling = dataclasses.replace(sampling, grammar=grammar)
         self.round = dataclasses.replace(
             original,
             input_ids=original.input_ids + tuple(self.generated_ids),

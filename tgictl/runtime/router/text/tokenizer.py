@@ -86,6 +86,11 @@ class ChatTemplate:
             self._template = None
             self._compile_error = f"{type(err).__name__}: {err}"
 
+    @property
+    def supports_tools(self) -> bool:
+        """The template renders a `tools` list itself (TGI's test: the source mentions it)."""
+        return "tools" in self.source
+
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str:
         if self._template is None:
@@ -145,6 +150,10 @@ class RouterTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def template_supports_tools(self) -> bool:
+        return self.chat_template is not None and self.chat_template.supports_tools
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
         if self.chat_template is None:

@@ -1,6 +1,7 @@
 """Choosing the next token for every row of a batch at once (TGI's HeterogeneousNextTokenChooser).
 
-Per step: repetition penalty -> frequency penalty -> presence penalty -> temperature -> top_k ->
+Per step: the grammar mask (tokens a row's grammar forbids become -inf, before every rule below, so
+penalties, warpers and seeds work unchanged on what is allowed) -> repetition penalty -> frequency penalty -> presence penalty -> temperature -> top_k ->
 top_p -> typical_p -> min_p -> choose (argmax for greedy rows, seeded inverse-CDF sampling for the
 others). A processor runs only when some row asks for it, and the sort-based warpers only on those
 rows; a greedy batch without penalties is a single argmax plus the log_softmax for logprobs.
@@ -102,8 +103,11 @@ class NextTokenChooser:
             raise GenerationError("NextTokenChooser.concatenate: choosers differ in vocab_size or device")
         return cls(tuple(p for c in choosers for p in c.params), first.vocab_size, first.device)
 
-    def __call__(self, logits: Tensor, history: TokenHistory, steps: Tensor) -> ChooserOutput:
-        """logits: [B, V] float32; steps: [B] int64 tokens each row generated so far."""
+    def __call__(
+        self, logits: Tensor, history: TokenHistory, steps: Tensor, allowed: Tensor | None = None
+    ) -> ChooserOutput:
+        """logits: [B, V] float32; steps: [B] int64 tokens each row generated so far; allowed: [B, V]
+        bool, False where a row's grammar forbids the token (None: no row is constrained)."""
         batch = len(self.params)
         if logits.shape != (batch, self.vocab_size):
             raise GenerationError(
@@ -111,6 +115,10 @@ class NextTokenChooser:
             )
         logits = logits.float()
         log_probs = logits.log_softmax(dim=-1)  # [B, V] from the raw logits (module docstring)
+        if allowed is not None:
+            if allowed.shape != logits.shape:
+                raise GenerationError(f"NextTokenChooser: mask shape {tuple(allowed.shape)} != {tuple(logits.shape)}")
+            logits = logits.masked_fill(~allowed, float("-inf"))
         if self.fast_path:
             next_ids = logits.argmax(dim=-1)  # ties -> lowest id, as transformers' greedy search
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError as PydanticValidationError
 
-from tgictl.errors import ValidationError
+from tgictl.errors import ToolError, ValidationError
 from tgictl.runtime.router.http.schemas_openai import (
     ChatRequest,
     CompletionRequest,
@@ -43,7 +43,6 @@ def test_tgi_do_sample_quirk_and_explicit_nulls() -> None:
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("watermark", True, "`watermark` is not supported"),
-    ("grammar", {"type": "json", "value": {}}, "grammar is not supported"),
     ("adapter_id", "lora", "`adapter_id` is not supported"),
 ])
 def test_tgi_unsupported_features_are_refused(field: str, value: object, message: str) -> None:
@@ -92,9 +91,16 @@ def test_chat_messages_flatten_for_the_template() -> None:
         {"type": "text", "text": "look: "}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
     ]})
     assert message.template_dict() == {"role": "user", "content": "look: ![](http://x/a.png)"}
-    calls = [{"id": "0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    calls = [{"id": "0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
     tool = Message.model_validate({"role": "assistant", "tool_calls": calls})
-    assert tool.template_dict()["content"] == '[{"id": "0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]'
+    # A template without tool support sees the call as the model writes calls ...
+    assert tool.template_dict()["content"] == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    assert "tool_calls" not in tool.template_dict()
+    # ... one with tool support gets the calls, arguments parsed, as transformers' templates expect.
+    native = tool.template_dict(native_tools=True)
+    assert native["content"] == "" and native["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    result = Message.model_validate({"role": "tool", "content": "22C", "tool_call_id": "0"}).template_dict()
+    assert result == {"role": "tool", "content": "22C", "tool_call_id": "0"}
 
 
 def test_chat_refusals() -> None:
@@ -103,8 +109,11 @@ def test_chat_refusals() -> None:
         with pytest.raises(ValidationError, match=message):
             request.check_supported()
 
-    check({"response_format": {"type": "json_object"}}, "grammar is not supported")
-    check({"tool_choice": "required"}, "`tool_choice` is not supported")
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    both = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                                       "response_format": {"type": "json_object"}})
+    with pytest.raises(ToolError, match="Grammar and tools are mutually exclusive"):
+        both.check_supported()
     check({"top_logprobs": 2}, "`top_logprobs` requires `logprobs`")
     with pytest.raises(ValidationError, match="`messages` cannot be empty"):
         ChatRequest.model_validate({"messages": []}).check_supported()

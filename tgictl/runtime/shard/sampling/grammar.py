@@ -1,0 +1,136 @@
+"""Grammar state on the shard: one llguidance matcher per constrained request, token masks for a
+step computed in a worker thread while the forward runs, and the tokens a grammar forces
+(docs/architecture.md, "Guided generation").
+
+Every rank holds the same matchers and feeds them the same tokens, so every rank computes the same
+masks and samples the same tokens: no communication is added to tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import llguidance
+import torch
+from torch import Tensor
+
+from tgictl.errors import GenerationError, InvalidRequestError
+from tgictl.proto.messages import Grammar
+from tgictl.runtime.guidance import grammar_error, load_tokenizer, to_llguidance
+
+Matcher = llguidance.LLMatcher
+
+# Compiled grammars kept per shard; a request gets a copy of the cached matcher (TGI keeps 32).
+CACHED_GRAMMARS = 256
+
+
+class GrammarCompiler:
+    """The shard's vocabulary for llguidance (built in the background at load: ~0.5 s) and an LRU
+    cache of compiled matchers by grammar text."""
+
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._load_error: Exception | None = None
+        self._loaded = threading.Event()
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self.executor = llguidance.LLExecutor()
+        threading.Thread(target=self._load, args=(model_dir,), name="grammar-vocab", daemon=True).start()
+
+    def _load(self, model_dir: Path) -> None:
+        try:
+            self._tokenizer = load_tokenizer(model_dir, self.vocab_size, self.eos_token_ids)
+        except Exception as err:  # reported to the first request that needs a grammar
+            self._load_error = err
+        finally:
+            self._loaded.set()
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        self._loaded.wait()
+        if self._tokenizer is None:
+            raise InvalidRequestError(f"this shard cannot follow grammars: {self._load_error}")
+        return self._tokenizer
+
+    def matcher(self, grammar: Grammar, replay: Sequence[int]) -> llguidance.LLMatcher:
+        """A fresh matcher for `grammar`, advanced over `replay` (earlier rounds' tokens)."""
+        try:
+            text = to_llguidance(grammar)
+        except ValueError as err:
+            raise InvalidRequestError(f"grammar: {err}") from None
+        with self._lock:
+            template = self._cache.get(text)
+            if template is not None:
+                self._cache.move_to_end(text)
+        if template is None:
+            error = grammar_error(text, self.tokenizer)
+            if error is not None:
+                raise InvalidRequestError(f"grammar is not valid: {error}")
+            template = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+            with self._lock:
+                self._cache[text] = template
+                while len(self._cache) > CACHED_GRAMMARS:
+                    self._cache.popitem(last=False)
+        matcher = template.deep_copy()
+        if replay and not matcher.consume_tokens(list(replay)):
+            raise InvalidRequestError(f"grammar: the replayed tokens do not follow it: {matcher.get_error()}")
+        return matcher
+
+
+def mask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+class MaskJob:
+    """The masks of one step, computed in a worker thread (llguidance releases the GIL) while the
+    forward runs. Rows without a matcher keep every bit set."""
+
+    _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+
+    def __init__(self, compiler: GrammarCompiler, rows: Sequence[tuple[int, llguidance.LLMatcher]], batch: int) -> None:
+        self.bitmask = torch.full((batch, mask_words(compiler.vocab_size)), -1, dtype=torch.int32)
+        self._future: Future[None] = self._pool.submit(self._fill, compiler.executor, list(rows))
+
+    def _fill(self, executor: llguidance.LLExecutor, rows: list[tuple[llguidance.LLMatcher, int]]) -> None:
+        words = self.bitmask.shape[1]
+        executor.unsafe_compute_mask_ptr(rows, self.bitmask.data_ptr(), words * 4, self.bitmask.shape[0])
+
+    def allowed(self, vocab_size: int, device: torch.device) -> Tensor:
+        """[B, V] bool: True where the row's grammar allows the token. Waits for the worker."""
+        self._future.result()
+        return unpack_bitmask(self.bitmask.to(device), vocab_size)
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """[B, W] int32 (bit j of word w = token 32w + j) -> [B, V] bool."""
+    bits = _BITS.to(bitmask.device)
+    unpacked = (bitmask.unsqueeze(-1) >> bits) & 1  # [B, W, 32]
+    return unpacked.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def advance(matcher: llguidance.LLMatcher, token: int, limit: int, eos_token_ids: frozenset[int]) -> list[int]:
+    """Feed the sampled `token`; return the tokens the grammar forces after it, at most `limit`:
+    the only continuation it allows (a key, a separator, a closing brace), and EOS once the grammar
+    is complete. The forced tokens are fed to the matcher too. A sampled EOS forces nothing."""
+    if not matcher.consume_token(token):
+        raise GenerationError(f"grammar refused sampled token {token}: {matcher.get_error()}")
+    if limit <= 0 or token in eos_token_ids:
+        return []
+    eos = [min(eos_token_ids)] if eos_token_ids else []
+    if matcher.is_stopped():
+        return eos
+    forced = matcher.compute_ff_tokens()[:limit]
+    if forced and not matcher.consume_tokens(forced):
+        raise GenerationError(f"grammar refused its own forced tokens: {matcher.get_error()}")
+    if len(forced) < limit and matcher.is_stopped():
+        forced += eos
+    return forced
