@@ -29,6 +29,8 @@ from tgictl.proto.messages import (
     FinishReason,
     GeneratedText,
     Generation,
+    Grammar,
+    GrammarType,
     Info,
     PrefillRequest,
     Request,
@@ -70,6 +72,7 @@ SAMPLED = SamplingParams(
     repetition_penalty=1.25,
     frequency_penalty=-2.0,
     presence_penalty=1.5,
+    grammar=Grammar(type=GrammarType.LLGUIDANCE, value='{"grammars": []}', replay_tokens=U32_MAX),
 )
 FULL_REQUEST = Request(
     id=U64_MAX,
@@ -120,6 +123,7 @@ C = convert
 CASES: list[tuple[str, Any, Callable[[Any], Any], Callable[[Any], Any]]] = [
     ("sampling defaults", SamplingParams(), C.sampling_to_pb, C.sampling_from_pb),
     ("sampling all set", SAMPLED, C.sampling_to_pb, C.sampling_from_pb),
+    ("sampling regex", SamplingParams(grammar=Grammar(GrammarType.REGEX, "a+")), C.sampling_to_pb, C.sampling_from_pb),
     ("stopping", StoppingParams(max_new_tokens=3), C.stopping_to_pb, C.stopping_from_pb),
     ("request full", FULL_REQUEST, C.request_to_pb, C.request_from_pb),
     ("request bare", BARE_REQUEST, C.request_to_pb, C.request_from_pb),
@@ -417,3 +421,19 @@ def test_decode_response_round_trip_property(
 ) -> None:
     step = StepResult(generations=tuple(gens), batch=batch, timings=Timings(3, 2, 1, concat_ns))
     assert same(wire_round_trip(step, C.decode_response_to_pb, C.decode_response_from_pb), step)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"grammar": "a+"}, "needs a grammar_type"),
+    ({"grammar_type": 2}, "grammar is empty"),
+    ({"grammar": "a+", "grammar_type": 9}, "unknown grammar_type 9"),
+])
+def test_inconsistent_grammars_are_invalid(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        C.sampling_from_pb(pb.NextTokenChooserParameters(**fields))
+
+
+def test_grammar_types_match_the_proto_enum() -> None:
+    assert {name.removeprefix("GRAMMAR_TYPE_"): value for name, value in pb.GrammarType.items()} == {
+        t.name: int(t) for t in GrammarType
+    }

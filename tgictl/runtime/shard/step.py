@@ -64,6 +64,7 @@ class ModelRunner:
         self.max_prefill_tokens: int | None = None  # None: a prompt is computed in one forward
         self.grammars = grammars  # None: grammars are refused
         self.forced_tokens = forced_tokens  # False: forced tokens are sampled one step each (measurements)
+        self.last_masks: MaskJob | None = None  # the last step's mask job, for its timings (scripts)
 
     def set_max_prefill_tokens(self, tokens: int | None) -> None:
         """The per-forward token budget later chunks are sized within (TGI's set_max_prefill_tokens)."""
@@ -88,6 +89,7 @@ class ModelRunner:
         emits = [row.cache_len + row.chunk_len >= row.prompt_len for row in rows]
         constrained = [(row.matcher, b) for b, row in enumerate(rows) if row.matcher is not None and emits[b]]
         masks = MaskJob(self.grammars, constrained, len(rows)) if constrained and self.grammars else None
+        self.last_masks = masks
         logits = self.forward(inputs)  # [n, V]; the masks are computed meanwhile
         sample_logits = logits if inputs.sample_rows is None else logits.index_select(0, inputs.sample_rows)
         # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.

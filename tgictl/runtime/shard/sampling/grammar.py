@@ -9,6 +9,7 @@ masks and samples the same tokens: no communication is added to tensor paralleli
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -93,17 +94,23 @@ class MaskJob:
 
     _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
 
-    def __init__(self, compiler: GrammarCompiler, rows: Sequence[tuple[int, llguidance.LLMatcher]], batch: int) -> None:
+    def __init__(self, compiler: GrammarCompiler, rows: Sequence[tuple[Matcher, int]], batch: int) -> None:
         self.bitmask = torch.full((batch, mask_words(compiler.vocab_size)), -1, dtype=torch.int32)
+        self.compute_s = 0.0  # the worker's time on the masks
+        self.wait_s = 0.0  # what the step waited for them after its forward (the critical-path cost)
         self._future: Future[None] = self._pool.submit(self._fill, compiler.executor, list(rows))
 
-    def _fill(self, executor: llguidance.LLExecutor, rows: list[tuple[llguidance.LLMatcher, int]]) -> None:
+    def _fill(self, executor: llguidance.LLExecutor, rows: list[tuple[Matcher, int]]) -> None:
+        start = time.perf_counter()
         words = self.bitmask.shape[1]
         executor.unsafe_compute_mask_ptr(rows, self.bitmask.data_ptr(), words * 4, self.bitmask.shape[0])
+        self.compute_s = time.perf_counter() - start
 
     def allowed(self, vocab_size: int, device: torch.device) -> Tensor:
         """[B, V] bool: True where the row's grammar allows the token. Waits for the worker."""
+        start = time.perf_counter()
         self._future.result()
+        self.wait_s = time.perf_counter() - start
         return unpack_bitmask(self.bitmask.to(device), vocab_size)
 
 

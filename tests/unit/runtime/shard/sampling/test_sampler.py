@@ -189,3 +189,42 @@ def test_top_n_tokens_follows_tgi() -> None:
 
 def test_top_n_tokens_with_no_requests_is_all_empty() -> None:
     assert top_n_tokens(torch.randn(2, 7), [0, 0]) == [([], []), ([], [])]
+
+
+MIXED = [
+    SamplingParams(),
+    SamplingParams(do_sample=True, seed=3, temperature=1.7),
+    SamplingParams(do_sample=True, seed=5, top_k=5, top_p=0.9, min_p=0.05),
+    SamplingParams(repetition_penalty=3.0, frequency_penalty=2.0, presence_penalty=2.0),
+    SamplingParams(do_sample=True, seed=9, typical_p=0.5, repetition_penalty=0.5),
+]
+
+
+def test_a_grammar_mask_applies_before_every_rule() -> None:
+    """Whatever the rule, a row picks only allowed tokens; an all-allowed row picks exactly what it
+    picks without a mask; logprobs stay the raw model's."""
+    torch.manual_seed(1)
+    logits = torch.randn(len(MIXED), VOCAB) * 4
+    history = TokenHistory.from_sequences([[1, 2, 3]] * len(MIXED), VOCAB, "cpu", needs_history(MIXED))
+    chooser = NextTokenChooser.from_params(MIXED, VOCAB, "cpu")
+    steps = torch.zeros(len(MIXED), dtype=torch.int64)
+    unmasked = chooser(logits, history, steps)
+    for trial in range(20):
+        allowed = torch.rand(len(MIXED), VOCAB, generator=torch.Generator().manual_seed(trial)) < 0.1
+        allowed[:, 7] = True  # at least one allowed token per row
+        allowed[0] = True  # row 0 unconstrained
+        masked = chooser(logits, history, steps + trial, allowed)
+        assert allowed[torch.arange(len(MIXED)), masked.next_ids].all()
+        assert torch.equal(masked.log_probs, logits.log_softmax(-1))
+    everything = chooser(logits, history, steps, torch.ones_like(logits, dtype=torch.bool))
+    assert torch.equal(everything.next_ids, unmasked.next_ids)
+
+
+def test_a_mask_leaving_one_token_picks_it_even_when_the_model_dislikes_it() -> None:
+    logits = torch.zeros(len(MIXED), VOCAB)
+    logits[:, 11] = -1e30  # the model's least likely token
+    allowed = torch.zeros(len(MIXED), VOCAB, dtype=torch.bool)
+    allowed[:, 11] = True
+    history = TokenHistory.from_sequences([[11]] * len(MIXED), VOCAB, "cpu", needs_history(MIXED))
+    out = NextTokenChooser.from_params(MIXED, VOCAB, "cpu")(logits, history, torch.zeros(len(MIXED), dtype=torch.int64), allowed)
+    assert out.next_ids.tolist() == [11] * len(MIXED)
