@@ -11,8 +11,9 @@ prompts. It prints output tokens/s of both, their ratio (median over rounds) and
 answers that parse and validate among those that ended by the grammar's own end.
 
 `forced` runs the shard's ModelRunner in this process on 32 requests with the long-keys schema (greedy,
-prompts of --prompt-len tokens), with forced tokens and without, and prints tokens/s, decode steps,
-and the mask cost per step (worker time and what the step waited for it after the forward).
+prompts of --prompt-len tokens), with forced tokens and without (after one unmeasured warm-up run of
+each), and prints tokens/s, decode steps, and the mask cost per step (worker time and what the step
+waited for it after the forward).
 Not a test: figures depend on the machine and its load.
 """
 
@@ -169,6 +170,7 @@ def part_forced(args: argparse.Namespace) -> None:
                 "mean_len": statistics.mean(len(t) for t in texts.values())}
 
     results: dict[str, list[dict[str, float]]] = {"forced": [], "sampled": []}
+    run(True), run(False)  # warm-up, not counted: oneDNN builds a kernel per new matmul shape once
     for _ in range(args.rounds):  # taking turns
         results["forced"].append(run(True))
         results["sampled"].append(run(False))

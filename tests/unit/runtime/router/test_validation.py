@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from tgictl.errors import ValidationError
+from tgictl.proto.messages import GrammarType
+from tgictl.runtime.router.guided.grammars import GrammarRequest, GrammarValidator
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.validation import (
     GenerationInput,
@@ -131,3 +134,18 @@ def test_best_of_limits(validator: Validator) -> None:
     single = Validator(validator._tokenizer, dataclasses.replace(validator.limits, max_best_of=1))
     with pytest.raises(ValidationError, match="`best_of` != 1 is not allowed for this endpoint"):
         single.validate_best_of(2)
+
+
+def test_grammars_are_compiled_at_validation_and_refused_without_an_engine(tiny_model_dir: Path) -> None:
+    limits = ValidationLimits(max_input_tokens=20, max_total_tokens=30)
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    grammars = GrammarValidator.for_model(tiny_model_dir, config["vocab_size"], (config["eos_token_id"],))
+    with_engine = Validator(RouterTokenizer(tiny_model_dir), limits, grammars)
+    validated = with_engine.validate(GenerationInput(inputs="hi", grammar=GrammarRequest("regex", "[ab]{2}")))
+    assert validated.sampling.grammar is not None and validated.sampling.grammar.type == GrammarType.LLGUIDANCE
+    assert with_engine.validate(GenerationInput(inputs="hi")).sampling.grammar is None
+    with pytest.raises(ValidationError, match="grammar is not valid: .*unclosed"):
+        with_engine.validate(GenerationInput(inputs="hi", grammar=GrammarRequest("regex", "(a")))
+    without = Validator(RouterTokenizer(tiny_model_dir), limits)
+    with pytest.raises(ValidationError, match="grammar is not supported"):
+        without.validate(GenerationInput(inputs="hi", grammar=GrammarRequest("regex", "a")))

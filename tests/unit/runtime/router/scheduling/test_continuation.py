@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from tgictl.proto.messages import FinishReason, SamplingParams
+from tgictl.proto.messages import FinishReason, Grammar, GrammarType, SamplingParams
 from tgictl.runtime.router.kv.block_allocator import BlockAllocator
 from tgictl.runtime.router.request import EndEvent, StreamEvent, TokenEvent, ValidatedRequest
 from tgictl.runtime.router.scheduling.batcher import Batcher, BatcherConfig
@@ -141,3 +141,22 @@ def test_a_round_publishes_its_output_so_the_next_round_needs_no_prefill(texts: 
     assert len(prefills) == 3
     assert shard.cache_lens == [0, 12, 28]
     allocator.check_integrity()  # type: ignore[attr-defined]
+
+
+def test_a_constrained_request_replays_its_output_in_later_rounds(texts: TokenTexts) -> None:
+    shard, _, batcher = setup(texts)
+    grammar = Grammar(GrammarType.REGEX, ".*")
+    request = ValidatedRequest(input_ids=(5, 6, 7), sampling=SamplingParams(grammar=grammar), max_new_tokens=3,
+                               max_total_new_tokens=8)
+    sent: list[tuple[int, int]] = []
+    prefill = shard.prefill
+
+    async def recording(batch, cached, *rest):  # noqa: ANN001, ANN002, ANN202
+        sent.extend((len(r.input_ids), r.sampling.grammar.replay_tokens) for r in batch.requests)
+        return await prefill(batch, cached, *rest)
+
+    shard.prefill = recording  # type: ignore[method-assign]
+    got = asyncio.run(collect(batcher, request, per_round=3))
+    assert isinstance(got[-1], EndEvent)
+    # Each round's prompt is the original plus what was generated, and the shard replays exactly that.
+    assert sent == [(3, 0), (6, 3), (9, 6)]
