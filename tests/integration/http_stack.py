@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 
 from tgictl.runtime.launcher.plan import free_port
 
@@ -39,6 +40,10 @@ class Stack:
     shard: subprocess.Popen[bytes]
     router: subprocess.Popen[bytes]
     log_dir: Path
+
+    def openai(self) -> openai.OpenAI:
+        """The openai SDK pointed at this stack, without retries (a retry would hide a failure)."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
 
     def logs(self) -> str:
         return "\n".join(

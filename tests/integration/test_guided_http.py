@@ -40,7 +40,8 @@ MAX_TOKENS = 200
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with http_stack(tiny_model_dir, tmp_path_factory.mktemp("http-guided"), router_args=["--max-total-tokens", "1024"]) as running:
+    work = tmp_path_factory.mktemp("http-guided")
+    with http_stack(tiny_model_dir, work, router_args=["--max-total-tokens", "1024"]) as running:
         yield running
 
 
@@ -52,11 +53,11 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0)
+    return stack.openai()
 
 
 @pytest.fixture(scope="module")
-def hf(stack: Stack) -> InferenceClient:
+def hf(stack: Stack) -> InferenceClient:  # huggingface_hub's client, as the TGI docs use it
     return InferenceClient(base_url=stack.url, timeout=120)
 
 

@@ -37,7 +37,7 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0)
+    return stack.openai()
 
 
 def reference(http: httpx.Client, inputs: str, **parameters: Any) -> dict[str, Any]:

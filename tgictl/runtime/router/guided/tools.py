@@ -109,7 +109,8 @@ def tool_grammar(functions: tuple[Function, ...], mode: ToolMode, parallel: bool
     alternatives = []
     for i, f in enumerate(functions):
         schema = dict(f.parameters)
-        schema["x-guidance"] = {**JSON_LAYOUT, "lenient": not f.strict, **schema.get("x-guidance", {})}
+        own = schema.get("x-guidance")
+        schema["x-guidance"] = {**JSON_LAYOUT, "lenient": not f.strict, **(own if isinstance(own, dict) else {})}
         head = f'{CALL_OPEN}{{"name": "{f.name}", "arguments": '
         rules.append(f"call_{i}: {_lark_string(head)} args_{i} {_lark_string('}' + CALL_CLOSE)}")
         rules.append(f"args_{i}: %json {json.dumps(schema)}")

@@ -136,7 +136,7 @@ class SamplingFields(BaseModel):
             return None
         if fmt.type == "json_object":
             return GrammarRequest.json_schema({"type": "object"}, strict=True)
-        if fmt.type == "json_schema" and fmt.json_schema is not None:
+        if fmt.type == "json_schema":
             spec = fmt.json_schema
             if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
                 raise ValidationError("grammar is not valid: `json_schema` needs {\"name\", \"schema\"}")
