@@ -92,6 +92,21 @@ def test_tgi_regex_grammar_fully_matches_streamed_and_not(http: httpx.Client, na
     assert "".join(e["token"]["text"] for e in events if not e["token"]["special"]) == out["generated_text"]
 
 
+def test_stop_rules_with_a_grammar(http: httpx.Client) -> None:
+    """A stop string can cut between tokens the grammar forced in one step; max_new_tokens counts
+    forced tokens; EOS comes only where the grammar accepts."""
+    regex = {"type": "regex", "value": "(ab){12}"}
+    stopped = generate(http, regex, stop=["abab"])
+    assert stopped["details"]["finish_reason"] == "stop_sequence" and stopped["generated_text"] == "abab"
+    cut = generate(http, regex, max_new_tokens=3)
+    assert cut["details"]["finish_reason"] == "length" and cut["details"]["generated_tokens"] == 3
+    assert "abababababababababababab".startswith(cut["generated_text"])
+    whole = generate(http, regex)
+    assert whole["details"]["finish_reason"] == "eos_token" and whole["generated_text"] == "ab" * 12
+    forced = [t for t in whole["details"]["tokens"] if t["logprob"] is None]
+    assert forced  # the tokens after the first were forced: no logprob
+
+
 def test_json_grammar_as_string_and_json_schema_form(http: httpx.Client) -> None:
     schema = BOUNDED["enum"][0]
     as_text = generate(http, {"type": "json", "value": json.dumps(schema)})

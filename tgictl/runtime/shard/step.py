@@ -146,7 +146,8 @@ class ModelRunner:
         if next_batch is not None:
             progress = [(row.prompt_len, row.cache_len) for row in next_batch.rows]
             pending = [row.pending for row in next_batch.rows]  # 1 + the tokens a grammar forced
-            for row, length in zip(next_batch.rows, next_chunk_lengths(progress, self.max_prefill_tokens, pending)):
+            lengths = next_chunk_lengths(progress, self.max_prefill_tokens, pending)
+            for row, length in zip(next_batch.rows, lengths):
                 row.chunk_len = length
         end = time.perf_counter_ns()
         timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)

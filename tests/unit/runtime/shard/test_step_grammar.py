@@ -15,6 +15,7 @@ from shard_helpers import BlockPool, Outputs, make_request, make_runner, run_to_
 from tgictl.proto.messages import FinishReason, Grammar, GrammarType, SamplingParams
 from tgictl.runtime.guidance import json_schema_grammar
 from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.runtime.shard.step import ModelRunner
 from tgictl.testing.grammar_cases import SCHEMAS
 
@@ -124,3 +125,19 @@ def test_tensor_parallel_ranks_stay_in_step(runner: ModelRunner) -> None:
         assert (rank0_batch is None) == (rank1_batch is None)
         if rank0_batch is not None and rank1_batch is not None:
             assert rank0_batch.rows[0].all_ids == rank1_batch.rows[0].all_ids
+
+
+def test_forced_tokens_are_charged_to_the_prefill_budget(runner: ModelRunner) -> None:
+    pool = BlockPool()
+    requests = [make_request(pool, 0, PROMPT, max_new_tokens=50),
+                make_request(pool, 1, list(range(3, 43)), max_new_tokens=4, chunk_len=4)]
+    batch = shard_batch(runner, 4, requests)
+    for row in batch.rows:
+        row.cache_len += row.chunk_len
+    batch.rows[0].all_ids += [5, 6, 7]  # a sampled token and two forced ones, without K/V yet
+    progress = [(row.prompt_len, row.cache_len) for row in batch.rows]
+    pending = [row.pending for row in batch.rows]
+    # budget 20 - (3 + 1 - 1) = 17 for the prefilling row; the decoding row computes all 3 pending tokens.
+    assert next_chunk_lengths(progress, 20, pending) == [3, 17]
+    assert next_chunk_lengths(progress, None, pending) == [3, 36]
+    assert next_chunk_lengths(progress, 20) == [1, 19]  # without pending counts: one token per decoding row
