@@ -140,6 +140,33 @@ def shard_service_name(router_service_name: str) -> str:
 
 
 @dataclass(frozen=True)
+class SpeculationConfig:
+    """Speculative decoding with n-gram drafts from the request's own text (TGI's --speculate;
+    docs/architecture.md, "Speculative decoding"). `tokens` = 0 turns it off."""
+
+    tokens: int = 0  # draft tokens verified per step at most
+    ngram_min: int = 1  # shortest suffix looked up in the row's text
+    ngram_max: int = 3  # longest suffix looked up (the longest match wins)
+    max_batch: int = 4  # a step with more decoding rows drafts nothing (verification is compute then)
+    min_acceptance: float = 0.3  # a row accepting fewer of its recent drafts pauses drafting
+    pause_steps: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tokens <= 16:
+            raise ConfigError(f"speculate must be in 0 .. 16, got {self.tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 16:
+            raise ConfigError(
+                f"speculate n-gram sizes must satisfy 1 <= min <= max <= 16, got {self.ngram_min}..{self.ngram_max}"
+            )
+        if self.max_batch < 1:
+            raise ConfigError(f"speculate max batch must be >= 1, got {self.max_batch}")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise ConfigError(f"speculate min acceptance must be in 0 .. 1, got {self.min_acceptance}")
+        if self.pause_steps < 0:
+            raise ConfigError(f"speculate pause steps must be >= 0, got {self.pause_steps}")
+
+
+@dataclass(frozen=True)
 class ShardConfig:
     """One rank of `tgictl shard`. The rank listens on `unix://{uds_path}-{rank}`."""
 
@@ -155,6 +182,7 @@ class ShardConfig:
     master_port: int | None = None
     shutdown_grace_s: float = 30.0  # SIGTERM: how long the RPC in flight may still run
     tracing: TracingConfig = field(default_factory=lambda: TracingConfig(service_name="tgictl.shard"))
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
         _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
@@ -295,6 +323,7 @@ class LaunchConfig:
     # After a child died the rest cannot serve: they get this long after SIGTERM, then SIGKILL.
     crash_stop_timeout_s: float = 3.0
     progress_interval_s: float = 5.0  # how often "waiting for shards" is logged
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
         _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)

@@ -142,6 +142,8 @@ class Env:
     api_key: str | None = field(default=None, repr=False)  # never printed
     # TGI's PREFIX_CACHING: the router's radix prefix cache on or off; --[no-]prefix-caching wins.
     prefix_caching: bool = True
+    # TGI's SPECULATE: draft tokens per step for the shards; --speculate wins.
+    speculate: int | None = None
     # torch.distributed rendezvous, set by the launcher for each shard.
     rank: int | None = None
     world_size: int | None = None
@@ -180,6 +182,7 @@ class Env:
             json_output=_bool(env, JSON_OUTPUT_VAR),
             api_key=_text(env, API_KEY_VAR),
             prefix_caching=_bool(env, "PREFIX_CACHING") if _text(env, "PREFIX_CACHING") else True,
+            speculate=_int(env, "SPECULATE"),
             rank=_int(env, "RANK"),
             world_size=_int(env, "WORLD_SIZE", minimum=1),
             master_addr=_text(env, "MASTER_ADDR"),

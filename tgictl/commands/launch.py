@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from tgictl.commands import speculation_options as spec
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig
 from tgictl.env import inherited_environ, read_env
@@ -42,6 +43,10 @@ def launch(
     master_port: Optional[int] = typer.Option(
         None, "--master-port", show_default=False, help="torch.distributed rendezvous port (default: a free port)."
     ),
+    speculate: Optional[int] = spec.SPECULATE,
+    speculate_ngram_min: int = spec.NGRAM_MIN,
+    speculate_ngram_max: int = spec.NGRAM_MAX,
+    speculate_max_batch: int = spec.MAX_BATCH,
     *,
     router_flags: RouterFlags,
 ) -> None:
@@ -61,6 +66,9 @@ def launch(
         shard_uds_path=shard_uds_path.expanduser().absolute() if shard_uds_path is not None else None,
         master_addr=master_addr,
         master_port=master_port,
+        speculation=spec.speculation_config(
+            speculate, speculate_ngram_min, speculate_ngram_max, speculate_max_batch, env
+        ),
     )
     log_config = ctx.obj if isinstance(ctx.obj, LogConfig) else LogConfig()
     # The children start from this process's environment (cli.py exported the logging setup into it).

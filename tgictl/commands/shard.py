@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from tgictl.commands import speculation_options as spec
 from tgictl.config import (
     DEFAULT_MODEL_ID,
     SHARD_DTYPES,
@@ -47,6 +48,10 @@ def shard(
         help="Send OpenTelemetry traces to this OTLP/gRPC collector (the launcher passes the router's).",
     ),
     otlp_service_name: str = typer.Option("tgictl.shard", "--otlp-service-name", help="The service name in traces."),
+    speculate: Optional[int] = spec.SPECULATE,
+    speculate_ngram_min: int = spec.NGRAM_MIN,
+    speculate_ngram_max: int = spec.NGRAM_MAX,
+    speculate_max_batch: int = spec.MAX_BATCH,
 ) -> None:
     """Load the model and serve this rank until SIGTERM or SIGINT."""
     env = read_env()
@@ -62,6 +67,9 @@ def shard(
         master_addr=env.master_addr,
         master_port=env.master_port,
         tracing=TracingConfig(otlp_endpoint=otlp_endpoint, service_name=otlp_service_name),
+        speculation=spec.speculation_config(
+            speculate, speculate_ngram_min, speculate_ngram_max, speculate_max_batch, env
+        ),
     )
     from tgictl.runtime.shard.server import (
         serve,  # torch loads only once the flags are known good

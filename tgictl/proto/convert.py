@@ -283,6 +283,9 @@ def _fill_generation(dst: pb.Generation, g: Generation) -> None:
         add = dst.prefill_top_tokens.add
         for t in g.prefill_top_tokens:
             _fill_tokens(add(), t)
+    if g.draft_tokens:
+        dst.draft_tokens = g.draft_tokens
+        dst.accepted_tokens = g.accepted_tokens
 
 
 def generation_to_pb(g: Generation) -> pb.Generation:
@@ -301,6 +304,8 @@ def generation_from_pb(m: pb.Generation) -> Generation:
         tuple([tokens_from_pb(t) for t in top_tokens]) if top_tokens else (),
         generated_text_from_pb(m.generated_text) if m.HasField("generated_text") else None,
         tuple([tokens_from_pb(t) for t in m.prefill_top_tokens]) if m.prefill_top_tokens else (),
+        m.draft_tokens,
+        m.accepted_tokens,
     )
 
 

@@ -146,6 +146,8 @@ class Generation:
     top_tokens: tuple[Tokens, ...] = ()  # one entry per token in `tokens` when top_n_tokens > 0
     generated_text: GeneratedText | None = None  # set when the request finished on the shard
     prefill_top_tokens: tuple[Tokens, ...] = ()  # one per prompt token, with prefill_tokens and top_n_tokens
+    draft_tokens: int = 0  # speculative drafts verified this step
+    accepted_tokens: int = 0  # of them, kept (the tokens then hold these plus the one after them)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tgictl.config import LaunchConfig, LogConfig, RouterConfig, shard_service_name
+from tgictl.config import LaunchConfig, LogConfig, RouterConfig, SpeculationConfig, shard_service_name
 from tgictl.env import API_KEY_VAR
 from tgictl.log import child_environ
 from tgictl.runtime.launcher.child import ChildSpec
@@ -113,10 +113,21 @@ def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[st
         argv += ["--dtype", config.dtype]
     if config.kv_cache_memory is not None:
         argv += ["--kv-cache-memory", str(config.kv_cache_memory)]
+    argv += speculation_argv(config.speculation)
     if config.router.otlp_endpoint is not None:  # the shards' spans join the router's traces
         argv += ["--otlp-endpoint", config.router.otlp_endpoint,
                  "--otlp-service-name", shard_service_name(config.router.otlp_service_name)]
     return argv
+
+
+def speculation_argv(config: SpeculationConfig) -> list[str]:
+    """The `tgictl shard` flags for `config`, always explicit so a shard never reads $SPECULATE again."""
+    return [
+        "--speculate", str(config.tokens),
+        "--speculate-ngram-min", str(config.ngram_min),
+        "--speculate-ngram-max", str(config.ngram_max),
+        "--speculate-max-batch", str(config.max_batch),
+    ]
 
 
 def _probe_host(hostname: str) -> str:

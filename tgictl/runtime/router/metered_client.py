@@ -39,10 +39,19 @@ class MeteredClient:
         m.batch_decode_duration.labels(method=method).observe(timings.decode_ns / 1e9)
         if timings.concat_ns is not None:
             m.batch_concat_duration.labels(method=method).observe(timings.concat_ns / 1e9)
+        self._observe_speculation(result)
         batch = result.batch
         m.batch_current_size.set(batch.size if batch is not None else 0)
         m.batch_current_max_tokens.set(batch.max_tokens if batch is not None else 0)
         return result
+
+    def _observe_speculation(self, result: StepResult) -> None:
+        m = self._metrics
+        for generation in result.generations:
+            if generation.draft_tokens:
+                m.speculative_draft_tokens.inc(generation.draft_tokens)
+                m.speculative_accepted_tokens.inc(generation.accepted_tokens)
+                m.skipped_tokens.observe(generation.accepted_tokens)
 
     async def prefill(
         self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None

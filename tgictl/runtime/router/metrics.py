@@ -72,7 +72,7 @@ class RouterMetrics:
             buckets=linear_buckets(max_total_tokens), registry=r,
         )
         self.skipped_tokens = Histogram(
-            "tgi_request_skipped_tokens", "Speculated tokens per step (always 0: no speculation)",
+            "tgi_request_skipped_tokens", "Accepted speculative tokens per request and step (decode steps saved)",
             buckets=[0.0, 1.0, 2.0, 4.0, 8.0], registry=r,
         )
         # Batches (backends/v3/src/backend.rs).
@@ -127,6 +127,12 @@ class RouterMetrics:
         )
         self.prefix_cache_hit_tokens = Counter(
             "tgictl_prefix_cache_hit_tokens", "Prompt tokens whose KV came from the prefix cache", registry=r
+        )
+        self.speculative_draft_tokens = Counter(
+            "tgictl_speculative_draft_tokens", "Draft tokens the shards verified (--speculate)", registry=r
+        )
+        self.speculative_accepted_tokens = Counter(
+            "tgictl_speculative_accepted_tokens", "Draft tokens accepted: the output contains them", registry=r
         )
         self.prompt_tokens = Counter(
             "tgictl_prompt_tokens", "Prompt tokens of prefilled requests (cache hits included)", registry=r

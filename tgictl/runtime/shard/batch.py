@@ -28,6 +28,7 @@ from torch import Tensor
 from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import Batch, CachedBatch, Request
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, Matcher
+from tgictl.runtime.shard.speculation.drafter import Drafter
 from tgictl.runtime.shard.sampling.sampler import (
     NextTokenChooser,
     TokenHistory,
@@ -50,6 +51,10 @@ class RowState:
     prompt_top: list[tuple[list[int], list[float]]] | None = None
     # The request's grammar state, advanced over every token it emits; None = unconstrained.
     matcher: Matcher | None = None
+    # Draft tokens the next forward verifies after the pending one (speculative decoding); their K/V
+    # is written at the positions that follow, and only the accepted ones advance cache_len.
+    draft: list[int] = field(default_factory=list)
+    drafter: Drafter | None = None  # where this row's drafts come from; None until it first decodes with drafts
 
     @property
     def prompt_len(self) -> int:
@@ -78,13 +83,18 @@ class StepInputs:
     positions: Tensor  # [T] int64
     slots: Tensor  # [T] int64 flat KV slots the new tokens write
     logit_indices: Tensor  # [n] int64 rows of the hidden states that get logits
-    # [B] rows of the logits each request samples from; None when they are exactly 0 .. B-1.
+    # [E] rows of the logits the chooser reads: one per request, or 1 + its draft length for a row
+    # verifying drafts (sample_counts); None when they are exactly 0 .. B-1.
     sample_rows: Tensor | None
-    cache_lens: list[int]  # [B] for the attention metadata
-    new_lens: list[int]  # [B]
-    block_tables: list[tuple[int, ...]]  # [B]
+    # For the attention metadata, one entry per attended sequence: [B], or more when rows verify
+    # drafts (each of their tokens is a decode sequence of its own, ShardBatch._attention_layout).
+    cache_lens: list[int]
+    new_lens: list[int]
+    block_tables: list[tuple[int, ...]]
     # Prompt logprobs: (batch row, first logit row, count) per row that computes them this step.
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    # [B] logit rows each request samples from (1 + its draft length); None: one each.
+    sample_counts: list[int] | None = None
 
 
 def _check_request(request: Request, block_size: int, num_blocks: int, vocab_size: int) -> None:
@@ -249,6 +259,29 @@ class ShardBatch:
             history=TokenHistory.concatenate([b.history for b in batches]),
         )
 
+    def _attention_layout(self) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
+        """(cache_lens, new_lens, block tables) for the attention metadata. A row verifying k drafts is
+        k + 1 decode sequences over its one block table (sequence j sees its first cache_len + j + 1
+        positions), so each of its tokens is attended exactly as a plain decode step would attend it
+        (same kernel, same rounding in bf16): its drafts' K/V is stored before attention runs."""
+        if not any(row.draft for row in self.rows):
+            return [row.cache_len for row in self.rows], [row.chunk_len for row in self.rows], [
+                row.request.blocks for row in self.rows
+            ]
+        cache_lens: list[int] = []
+        new_lens: list[int] = []
+        tables: list[tuple[int, ...]] = []
+        for row in self.rows:
+            if row.draft:
+                cache_lens.extend(range(row.cache_len, row.cache_len + row.chunk_len))
+                new_lens.extend([1] * row.chunk_len)
+                tables.extend([row.request.blocks] * row.chunk_len)
+            else:
+                cache_lens.append(row.cache_len)
+                new_lens.append(row.chunk_len)
+                tables.append(row.request.blocks)
+        return cache_lens, new_lens, tables
+
     def step_inputs(self, device: torch.device) -> StepInputs:
         """Pack the next forward's inputs.
 
@@ -263,19 +296,29 @@ class ShardBatch:
         logit_rows: list[int] = []
         sample_rows: list[int] = []
         spans: list[tuple[int, int, int]] = []
+        counts: list[int] = []
         offset = 0
         for b, row in enumerate(self.rows):
             start, n = row.cache_len, row.chunk_len
-            ids.extend(row.all_ids[start : start + n])
+            if row.draft:  # a decoding row: its pending token, then the drafts; every position is scored
+                ids.extend(row.all_ids[start:])
+                ids.extend(row.draft)
+                sample_rows.extend(range(len(logit_rows), len(logit_rows) + n))
+                logit_rows.extend(range(offset, offset + n))
+                counts.append(n)
+            else:
+                ids.extend(row.all_ids[start : start + n])
+                if row.wants_prompt_logprobs:
+                    spans.append((b, len(logit_rows), n))
+                    logit_rows.extend(range(offset, offset + n))
+                else:
+                    logit_rows.append(offset + n - 1)
+                sample_rows.append(len(logit_rows) - 1)
+                counts.append(1)
             positions.extend(range(start, start + n))
             slots.extend(row.request.slots[start : start + n])
-            if row.wants_prompt_logprobs:
-                spans.append((b, len(logit_rows), n))
-                logit_rows.extend(range(offset, offset + n))
-            else:
-                logit_rows.append(offset + n - 1)
-            sample_rows.append(len(logit_rows) - 1)
             offset += n
+        cache_lens, new_lens, tables = self._attention_layout()
         packed = torch.tensor(ids + positions + slots + logit_rows, dtype=torch.int64).to(device)
         t = len(ids)
         return StepInputs(
@@ -283,10 +326,13 @@ class ShardBatch:
             positions=packed[t : 2 * t],
             slots=packed[2 * t : 3 * t],
             logit_indices=packed[3 * t :],
-            sample_rows=None if not spans else torch.tensor(sample_rows, dtype=torch.int64).to(device),
-            cache_lens=[row.cache_len for row in self.rows],
-            new_lens=[row.chunk_len for row in self.rows],
-            block_tables=[row.request.blocks for row in self.rows],
+            sample_rows=(
+                None if len(sample_rows) == len(logit_rows) else torch.tensor(sample_rows, dtype=torch.int64).to(device)
+            ),
+            cache_lens=cache_lens,
+            new_lens=new_lens,
+            block_tables=tables,
             prompt_spans=spans,
+            sample_counts=counts if len(counts) != len(sample_rows) else None,
         )
 

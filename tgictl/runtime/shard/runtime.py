@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from tgictl.config import SpeculationConfig
 from tgictl.errors import ConfigError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
 from tgictl.kernels.native import load_native_kernels
@@ -137,6 +138,7 @@ class ShardRuntime:
             max_position_embeddings=self.config.max_position_embeddings,
             eos_token_ids=tuple(self.config.eos_token_ids),
             world_size=self.dist.world_size,
+            speculate=self.runner.speculation.tokens,
         )
 
     def warmup(self, request: WarmupRequest) -> WarmupResult:
@@ -151,6 +153,10 @@ class ShardRuntime:
             )
         finally:
             release_free_memory(collect_garbage=True)  # the probe forward's activations
+
+    def set_speculation(self, config: SpeculationConfig) -> None:
+        """Speculative decoding for every later step (docs/architecture.md, "Speculative decoding")."""
+        self.runner.set_speculation(config)
 
     def set_max_prefill_tokens(self, tokens: int) -> None:
         """The router's prefill budget, which later chunks are sized within."""

@@ -82,6 +82,7 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
         runtime = ShardRuntime.load(
             model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory
         )
+    runtime.set_speculation(config.speculation)
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)
     configure_tracing(config.tracing)
     try:

@@ -10,15 +10,23 @@ Constrained rows (docs/architecture.md, "Guided generation"): their masks are co
 thread while the forward runs and applied inside the chooser; after sampling, a row whose grammar
 allows exactly one continuation appends those tokens too (forced tokens), within its max_new_tokens,
 and the next forward computes their K/V together with the row's next token, like a small chunk.
+
+Speculative decoding (docs/architecture.md, "Speculative decoding"): after a step, decoding rows may get
+n-gram drafts; the next forward computes them after the row's pending token and scores every position,
+the chooser picks each position's token as the plain path would (speculation/verify.py), and the row
+keeps the drafts that match plus the token chosen after them. K/V written for rejected drafts lies past
+the new cache_len, in the row's own slots, and is overwritten by the next forward.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from tgictl.config import SpeculationConfig
 from tgictl.errors import ConfigError
 from tgictl.kernels.metadata import AttentionMetadata
 from tgictl.proto.messages import (
@@ -35,6 +43,8 @@ from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, MaskJob, advance
 from tgictl.runtime.shard.sampling.sampler import TokenHistory, top_n_tokens
 from tgictl.runtime.shard.chunking import next_chunk_lengths
+from tgictl.runtime.shard.speculation.drafter import Drafter, RowDrafter, batch_drafts
+from tgictl.runtime.shard.speculation.verify import accepted_length, expand
 from tgictl.runtime.shard.sampling.stopping import finish_reason
 
 
@@ -65,6 +75,12 @@ class ModelRunner:
         self.grammars = grammars  # None: grammars are refused
         self.forced_tokens = forced_tokens  # False: forced tokens are sampled one step each (measurements)
         self.last_masks: MaskJob | None = None  # the last step's mask job, for its timings (scripts)
+        self.speculation = SpeculationConfig()  # off until set_speculation
+        self.new_drafter: Callable[[RowState], Drafter] = lambda row: RowDrafter.create(self.speculation)
+
+    def set_speculation(self, config: SpeculationConfig) -> None:
+        """Draft and verify n-gram tokens from now on (config.tokens = 0: off)."""
+        self.speculation = config
 
     def set_max_prefill_tokens(self, tokens: int | None) -> None:
         """The per-forward token budget later chunks are sized within (TGI's set_max_prefill_tokens)."""
@@ -93,21 +109,33 @@ class ModelRunner:
         logits = self.forward(inputs)  # [n, V]; the masks are computed meanwhile
         sample_logits = logits if inputs.sample_rows is None else logits.index_select(0, inputs.sample_rows)
         # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.
-        steps = torch.tensor([row.generated for row in rows], dtype=torch.int64, device=self.device)
+        generated = [row.generated for row in rows]
         allowed = masks.allowed(self.vocab_size, self.device) if masks is not None else None
+        chooser, history = batch.chooser, batch.history
+        starts = list(range(len(rows)))  # each row's first scored position
+        if inputs.sample_counts is None:
+            steps = torch.tensor(generated, dtype=torch.int64, device=self.device)
+        else:  # some rows verify drafts: one chooser row per scored position
+            expansion = expand(chooser, history, generated, [row.draft for row in rows], self.device)
+            chooser, history, steps, starts = expansion.chooser, expansion.history, expansion.steps, expansion.starts
+            allowed = allowed.index_select(0, expansion.row_of) if allowed is not None else None
         with torch.inference_mode():
-            chosen = batch.chooser(sample_logits, batch.history, steps, allowed)
+            chosen = chooser(sample_logits, history, steps, allowed)
         # Every rank computes every row; only rank 0 reports (generate.proto), so only it needs the
         # top-n lists and prompt logprobs. The others keep the rows' state in step.
         reports = self.dist.rank == 0
         top_n = [row.request.top_n_tokens if emit else 0 for row, emit in zip(rows, emits)]
-        top = top_n_tokens(chosen.log_probs, top_n) if reports and any(top_n) else None
+        per_position = [n for n, row in zip(top_n, rows) for _ in range(1 + len(row.draft))]
+        top = top_n_tokens(chosen.log_probs, per_position) if reports and any(top_n) else None
         prompt_lps, prompt_tops = self._prompt_logprobs(logits, inputs, rows) if reports else ({}, {})
         next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
         next_lps: list[float] = chosen.logprobs.tolist()
         forward_done = time.perf_counter_ns()
 
-        _count_emitted(batch.history, chosen.next_ids, emits)
+        first_ids = chosen.next_ids
+        if inputs.sample_counts is not None:
+            first_ids = first_ids.index_select(0, torch.tensor(starts, dtype=torch.int64, device=self.device))
+        _count_emitted(batch.history, first_ids, emits)
         generations: list[Generation] = []
         finished: list[int] = []  # batch rows that stopped this step
         for b, row in enumerate(rows):
@@ -115,15 +143,22 @@ class ModelRunner:
                 row.prompt_logprobs.extend(prompt_lps[b])  # type: ignore[union-attr]
             if b in prompt_tops:
                 row.prompt_top.extend(prompt_tops[b])  # type: ignore[union-attr]
-            row.cache_len += row.chunk_len
+            at, draft = starts[b], row.draft
+            accepted = accepted_length(next_ids[at : at + len(draft)], draft) if draft else 0
+            scored = 1 + accepted  # tokens the model chose this step: the accepted drafts and one more
+            row.cache_len += row.chunk_len - (len(draft) - accepted)  # rejected drafts' K/V is stale
+            if draft:
+                row.draft = []
+                if row.drafter is not None:
+                    row.drafter.record(len(draft), accepted, self.speculation)
             if not emits[b]:
                 continue
             first = row.generated == 0
             stopping = row.request.stopping
-            tokens = [next_ids[b]]
+            tokens = next_ids[at : at + scored]
             if row.matcher is not None:
                 limit = stopping.max_new_tokens - row.generated - 1 if self.forced_tokens else 0
-                tokens += advance(row.matcher, next_ids[b], limit, self.eos_token_ids)
+                tokens += advance(row.matcher, tokens[0], limit, self.eos_token_ids)
             reason = None
             count = 0
             for token in tokens:  # stop at the first token that ends the request
@@ -136,12 +171,16 @@ class ModelRunner:
                 if reason is not None:
                     break
             if count > 1:
-                _count_forced(batch.history, b, row.all_ids[-count + 1 :])
+                _count_following(batch.history, b, row.all_ids[-count + 1 :])
             if reason is not None:
                 finished.append(b)
             if reports:
-                top_tokens = () if top is None or not top_n[b] else (_tokens(top[b]),)
-                generations.append(_generation(row, next_lps[b], first, top_tokens, reason, count))
+                kept = min(count, scored)  # tokens the model scored; the rest were forced
+                logprobs = next_lps[at : at + kept] + [float("nan")] * (count - kept)
+                top_tokens: tuple[Tokens, ...] = ()
+                if top is not None and top_n[b]:
+                    top_tokens = tuple(_tokens(top[at + i]) for i in range(kept)) + (Tokens(),) * (count - kept)
+                generations.append(_generation(row, logprobs, first, top_tokens, reason, len(draft), accepted))
         next_batch = _without_rows(batch, finished)
         if next_batch is not None:
             progress = [(row.prompt_len, row.cache_len) for row in next_batch.rows]
@@ -149,9 +188,29 @@ class ModelRunner:
             lengths = next_chunk_lengths(progress, self.max_prefill_tokens, pending)
             for row, length in zip(next_batch.rows, lengths):
                 row.chunk_len = length
+            if self.speculation.tokens:
+                self._draft(next_batch.rows)
         end = time.perf_counter_ns()
         timings = Timings(forward_ns=forward_done - start, decode_ns=end - forward_done, total_ns=end - start)
         return generations, next_batch, timings
+
+    def _draft(self, rows: list[RowState]) -> None:
+        """Give decoding rows their drafts for the next forward, within their max_new_tokens (a draft
+        is only ever written to a slot the row owns: every position up to prompt + max_new_tokens - 1)."""
+        config = self.speculation
+        decoding = [row for row in rows if row.chunk_len == row.pending == 1 and not row.prefilling]
+        if not batch_drafts(config, len(decoding)):
+            return
+        for row in decoding:
+            if row.matcher is not None:  # a grammar's rows get forced tokens instead
+                continue
+            limit = min(config.tokens, row.request.stopping.max_new_tokens - row.generated - 1)
+            if limit < 1:
+                continue
+            if row.drafter is None:
+                row.drafter = self.new_drafter(row)
+            row.draft = row.drafter.propose(row.all_ids, limit)
+            row.chunk_len = 1 + len(row.draft)
 
     def _prompt_logprobs(
         self, logits: Tensor, inputs: StepInputs, rows: list[RowState]
@@ -219,14 +278,16 @@ def _without_rows(batch: ShardBatch, finished: list[int]) -> ShardBatch | None:
 
 def _generation(
     row: RowState,
-    logprob: float,
+    logprobs: list[float],
     first: bool,
     top_tokens: tuple[Tokens, ...],
     reason: FinishReason | None,
-    count: int,
+    drafted: int,
+    accepted: int,
 ) -> Generation:
-    """What `row` reports for the `count` tokens it just appended to all_ids: the sampled one, then
-    any its grammar forced (no logprob, no top tokens: the model never scored them)."""
+    """What `row` reports for the tokens it just appended to all_ids (one per entry of `logprobs`):
+    those the model chose (the sampled one, or the accepted drafts and the one after them), then any
+    its grammar forced (NaN logprob, no top tokens: the model never scored them)."""
     request = row.request
     prefill = None
     prefill_top: tuple[Tokens, ...] = ()
@@ -238,14 +299,16 @@ def _generation(
     if reason is not None:
         seed = request.sampling.seed if request.sampling.samples else None
         done = GeneratedText(generated_tokens=row.generated, finish_reason=reason, seed=seed)
-    forced = count - 1
+    count = len(logprobs)
     return Generation(
         request_id=request.id,
-        tokens=Tokens(ids=tuple(row.all_ids[-count:]), logprobs=(logprob,) + (float("nan"),) * forced),
+        tokens=Tokens(ids=tuple(row.all_ids[-count:]), logprobs=tuple(logprobs)),
         prefill_tokens=prefill,
-        top_tokens=top_tokens + (Tokens(),) * forced if top_tokens else (),
+        top_tokens=top_tokens,
         generated_text=done,
         prefill_top_tokens=prefill_top,
+        draft_tokens=drafted,
+        accepted_tokens=accepted,
     )
 
 
@@ -259,11 +322,12 @@ def _count_emitted(history: TokenHistory, next_ids: Tensor, emits: list[bool]) -
         history.counts[rows, next_ids.index_select(0, rows)] += 1.0
 
 
-def _count_forced(history: TokenHistory, row: int, forced: list[int]) -> None:
-    """Forced tokens are part of the text: the penalties count them like sampled ones."""
+def _count_following(history: TokenHistory, row: int, tokens: list[int]) -> None:
+    """The tokens a row appended after its first one this step (accepted drafts and the token after
+    them, or forced tokens) are part of the text: the penalties count them like sampled ones."""
     if history.counts is None:
         return
-    for token in forced:
+    for token in tokens:
         history.counts[row, token] += 1.0
 
 
