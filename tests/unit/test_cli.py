@@ -12,6 +12,7 @@ import pytest
 
 from tgictl import __version__
 from tgictl.cli import COMMAND_MODULES, main
+from tgictl.config import SpeculationConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,3 +120,18 @@ def test_bad_arguments_and_settings_exit_2(
     assert err.count("\n") == 1, err
     assert err.startswith(message), err
     assert "Traceback" not in err
+
+
+def test_speculation_flags_and_the_environment_variable_reach_the_shard_config() -> None:
+    from tgictl.commands.speculation_options import speculation_config
+    from tgictl.env import Env
+
+    env = Env.from_environ({"HOME": "/h", "SPECULATE": "3"})
+    assert speculation_config(None, 1, 3, 4, env).tokens == 3  # TGI's SPECULATE when no flag is given
+    assert speculation_config(0, 2, 5, 8, env) == SpeculationConfig(tokens=0, ngram_min=2, ngram_max=5, max_batch=8)
+
+
+def test_a_bad_speculate_value_is_one_line() -> None:
+    result = run_tgictl("shard", "--speculate", "17", "--model-id", "/nonexistent")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["Error: speculate must be in 0 .. 16, got 17"]

@@ -95,6 +95,8 @@ FULL_GENERATION = Generation(
     prefill_tokens=Tokens(ids=(1, 2, 3), logprobs=(NAN, -1.5, -math.inf)),
     top_tokens=(Tokens(ids=(42, 9), logprobs=(-0.25, -3.0)), Tokens()),
     generated_text=GeneratedText(generated_tokens=2, finish_reason=FinishReason.EOS_TOKEN, seed=U64_MAX),
+    draft_tokens=4,
+    accepted_tokens=1,
 )
 BARE_GENERATION = Generation(request_id=0, tokens=Tokens(ids=(5,), logprobs=(-0.5,)))
 STEP = StepResult(

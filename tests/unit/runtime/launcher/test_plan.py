@@ -84,6 +84,9 @@ def test_build_plan_gives_each_rank_its_rendezvous_and_the_router_rank_0s_socket
         assert spec.argv == (
             sys.executable, "-m", "tgictl", "shard", "--model-id", str(MODEL), "--uds-path", str(BASE),
             "--block-size", "8", "--dtype", "float32", "--kv-cache-memory", str(1 << 20),
+            # Always explicit: a shard never reads $SPECULATE again.
+            "--speculate", "0", "--speculate-ngram-min", "1", "--speculate-ngram-max", "3",
+            "--speculate-max-batch", "4",
         )  # fmt: skip
         assert spec.env == {
             "PATH": "/bin", "TGICTL_LOG_LEVEL": "debug", "TGICTL_JSON_OUTPUT": "1", "PYTHONUNBUFFERED": "1",

@@ -228,6 +228,7 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
                 "max_batch_size": limits.max_batch_size,
                 "block_size": service.info.block_size,
                 "prefix_caching": service.prefix_caching,
+                "speculate": service.info.speculate,
                 "validation_workers": config.validation_workers,
                 "max_client_batch_size": config.max_client_batch_size,
                 "router": "tgictl-router",
