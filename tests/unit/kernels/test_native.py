@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CaseSpec, build_case
+from paged_cases import CaseSpec, build_case
 
 from tgictl.kernels import attention_reference
 from tgictl.kernels.attention_fast import decode_attention, decode_attention_torch

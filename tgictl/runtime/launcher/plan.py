@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tgictl.config import LaunchConfig, LogConfig, RouterConfig, SpeculationConfig, shard_service_name
+from tgictl.config import (
+    LaunchConfig,
+    LogConfig,
+    RouterConfig,
+    SpeculationConfig,
+    shard_service_name,
+)
 from tgictl.env import API_KEY_VAR
 from tgictl.log import child_environ
 from tgictl.runtime.launcher.child import ChildSpec

@@ -28,12 +28,12 @@ from torch import Tensor
 from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import Batch, CachedBatch, Request
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, Matcher
-from tgictl.runtime.shard.speculation.drafter import Drafter
 from tgictl.runtime.shard.sampling.sampler import (
     NextTokenChooser,
     TokenHistory,
     needs_history,
 )
+from tgictl.runtime.shard.speculation.drafter import Drafter
 
 
 @dataclass(eq=False, slots=True)

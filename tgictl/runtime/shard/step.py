@@ -37,15 +37,15 @@ from tgictl.proto.messages import (
     Tokens,
 )
 from tgictl.runtime.shard.batch import RowState, ShardBatch, StepInputs
+from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, MaskJob, advance
 from tgictl.runtime.shard.sampling.sampler import TokenHistory, top_n_tokens
-from tgictl.runtime.shard.chunking import next_chunk_lengths
+from tgictl.runtime.shard.sampling.stopping import finish_reason
 from tgictl.runtime.shard.speculation.drafter import Drafter, RowDrafter, batch_drafts
 from tgictl.runtime.shard.speculation.verify import accepted_length, expand
-from tgictl.runtime.shard.sampling.stopping import finish_reason
 
 
 class ModelRunner:

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from shard_helpers import BlockPool, Outputs, make_request, make_runner, run_to_end, shard_batch
+from shard_helpers import (
+    BlockPool,
+    Outputs,
+    make_request,
+    make_runner,
+    run_to_end,
+    shard_batch,
+)
 
 from tgictl.config import SpeculationConfig
 from tgictl.proto.messages import SamplingParams
