@@ -119,12 +119,12 @@ class GGUFSource:
         return None
 
     def _rows(self, tensor: Any, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) of the stored array (blocks or values), in HF row order."""
+        """Rows [start, stop) of the stored array (blocks or values), in HF row order, copied out of the
+        memory map (the file is unmapped once the model is loaded)."""
         data = tensor.data
         order = self._row_order(tensor, data.shape[0])
-        if order is None:
-            return np.ascontiguousarray(data[start:stop])
-        return np.ascontiguousarray(data[order[start:stop].numpy()])
+        rows = data[start:stop] if order is None else data[order[start:stop].numpy()]
+        return np.array(rows, copy=True, order="C")
 
     def read(self, name: str, dim: int, start: int, stop: int) -> Tensor:
         """Indices [start, stop) along `dim` of `name`, as float32 (dequantized when stored in blocks)."""
