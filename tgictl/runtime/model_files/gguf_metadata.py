@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tgictl.errors import ConversionError
+from tgictl.runtime.gguf_reader import GGUFFormatError, read_gguf
 
 # tokenizer_config.json keys that describe where the tokenizer was loaded from, not the tokenizer.
 _LOAD_TIME_KEYS = ("is_local", "local_files_only", "gguf_file", "name_or_path")
@@ -23,13 +24,12 @@ _LOAD_TIME_KEYS = ("is_local", "local_files_only", "gguf_file", "name_or_path")
 def gguf_architecture(path: Path) -> str:
     """The `general.architecture` of a GGUF file; ConversionError when `path` is no GGUF file."""
     try:
-        import gguf
-
-        reader = gguf.GGUFReader(str(path))
-        field = reader.fields["general.architecture"]
-        return str(field.contents())
-    except (ValueError, KeyError, OSError, IndexError) as err:
+        header = read_gguf(path)
+    except GGUFFormatError as err:
         raise ConversionError(f"{path} is not a GGUF checkpoint ({err})") from None
+    if not header.architecture:
+        raise ConversionError(f"{path} is not a GGUF checkpoint (no general.architecture)")
+    return header.architecture
 
 
 def supported_architectures() -> list[str]:

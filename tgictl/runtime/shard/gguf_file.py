@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ from torch import Tensor
 
 from tgictl.errors import ConfigError, UnsupportedModelError
 from tgictl.kernels.linear_methods import BLOCK_TYPES_BY_GGML, GGUFWeight
+from tgictl.runtime.gguf_reader import GGUFFormatError, TensorInfo, read_gguf
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,10 @@ def llama_row_order(rows: int, heads: int) -> Tensor:
     return torch.arange(rows).view(heads, dim, 2).transpose(1, 2).reshape(rows)
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
+def _type_name(ggml_type: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(ggml_type).name
 
 
 class GGUFSource:
@@ -54,63 +55,61 @@ class GGUFSource:
 
         self.path = Path(path)
         try:
-            self._reader = gguf.GGUFReader(str(self.path))
-        except (OSError, ValueError) as err:
+            self._file = read_gguf(self.path)
+        except GGUFFormatError as err:
             raise ConfigError(f"cannot read the GGUF file {self.path}: {err}") from err
-        self.architecture = str(_field(self._reader, "general.architecture"))
+        fields = self._file.fields
+        self.architecture = self._file.architecture
         arch = {name: value for value, name in gguf.MODEL_ARCH_NAMES.items()}.get(self.architecture)
         if arch is None:
             raise UnsupportedModelError(f"{self.path.name}: GGUF architecture {self.architecture!r} is unknown to gguf-py")
-        layers = int(_field(self._reader, f"{self.architecture}.block_count") or 0)
-        self._names = gguf.get_tensor_name_map(arch, layers)
-        self._tensors = {t.name: t for t in self._reader.tensors}
-        heads = _field(self._reader, f"{self.architecture}.attention.head_count")
-        kv_heads = _field(self._reader, f"{self.architecture}.attention.head_count_kv")
-        self._heads = {".attn_q.": heads, ".attn_k.": kv_heads if kv_heads is not None else heads}
+        self._names = gguf.get_tensor_name_map(arch, int(fields.get(f"{self.architecture}.block_count", 0)))
+        heads = fields.get(f"{self.architecture}.attention.head_count")
+        kv_heads = fields.get(f"{self.architecture}.attention.head_count_kv", heads)
+        self._heads = {".attn_q.": heads, ".attn_k.": kv_heads}
         self._log_dequantized_types()
 
     def _log_dequantized_types(self) -> None:
         """One line naming the tensor types without a native kernel, which are dequantized at load."""
-        others = [t for t in self._reader.tensors
-                  if int(t.tensor_type) not in BLOCK_TYPES_BY_GGML and t.tensor_type.name not in FLOAT_TYPES]
+        others = [t for t in self._file.tensors.values()
+                  if t.ggml_type not in BLOCK_TYPES_BY_GGML and _type_name(t.ggml_type) not in FLOAT_TYPES]
         if others:
-            counts = Counter(t.tensor_type.name for t in others)
+            counts = Counter(_type_name(t.ggml_type) for t in others)
             kinds = ", ".join(f"{name} ({count} tensors)" for name, count in sorted(counts.items()))
             examples = ", ".join(t.name for t in others[:3])
             log.info("%s: %s dequantized at load (no native kernel for these types), e.g. %s",
                      self.path.name, kinds, examples)
 
     def close(self) -> None:
-        self._tensors.clear()
-        self._reader = None  # drops the memory map
+        self._file.close()
 
     def gguf_name(self, name: str) -> str | None:
         stem, _, suffix = name.rpartition(".")
         mapped = self._names.get_name(stem)
         return None if mapped is None else f"{mapped}.{suffix}"
 
-    def _tensor(self, name: str) -> Any:
+    def _tensor(self, name: str) -> TensorInfo:
         gguf_name = self.gguf_name(name)
-        if gguf_name is None or gguf_name not in self._tensors:
+        if gguf_name is None or gguf_name not in self._file.tensors:
             raise ConfigError(f"tensor {name!r} ({gguf_name or 'no GGUF name'}) is not in {self.path.name}")
-        return self._tensors[gguf_name]
+        return self._file.tensors[gguf_name]
 
     def names(self) -> list[str]:
-        return sorted(self._tensors)
+        return sorted(self._file.tensors)
 
     def has(self, name: str) -> bool:
         gguf_name = self.gguf_name(name)
-        return gguf_name is not None and gguf_name in self._tensors
+        return gguf_name is not None and gguf_name in self._file.tensors
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in reversed(self._tensor(name).shape))
+        return self._tensor(name).shape
 
     def column_alignment(self, name: str) -> int:
         """A tensor in native blocks splits its input columns on block boundaries only."""
-        block_type = BLOCK_TYPES_BY_GGML.get(int(self._tensor(name).tensor_type))
+        block_type = BLOCK_TYPES_BY_GGML.get(self._tensor(name).ggml_type)
         return 1 if block_type is None else block_type.block_size
 
-    def _row_order(self, tensor: Any, rows: int) -> Tensor | None:
+    def _row_order(self, tensor: TensorInfo, rows: int) -> Tensor | None:
         if self.architecture not in PERMUTED_ARCHITECTURES:
             return None
         for marker, heads in self._heads.items():
@@ -118,10 +117,10 @@ class GGUFSource:
                 return llama_row_order(rows, int(heads))
         return None
 
-    def _rows(self, tensor: Any, start: int, stop: int) -> np.ndarray:
+    def _rows(self, tensor: TensorInfo, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of the stored array (blocks or values), in HF row order, copied out of the
         memory map (the file is unmapped once the model is loaded)."""
-        data = tensor.data
+        data = self._file.array(tensor.name)
         order = self._row_order(tensor, data.shape[0])
         rows = data[start:stop] if order is None else data[order[start:stop].numpy()]
         return np.array(rows, copy=True, order="C")
@@ -138,19 +137,20 @@ class GGUFSource:
         else:
             rows = self._rows(tensor, 0, shape[0])
             columns = slice(start, stop)
-        block_type = BLOCK_TYPES_BY_GGML.get(int(tensor.tensor_type))
+        block_type = BLOCK_TYPES_BY_GGML.get(tensor.ggml_type)
         if block_type is not None:
             values = block_type.dequantize(torch.from_numpy(rows))
         else:
-            values = torch.from_numpy(np.array(gguf.quants.dequantize(rows, tensor.tensor_type), dtype=np.float32))
+            qtype = gguf.GGMLQuantizationType(tensor.ggml_type)
+            values = torch.from_numpy(np.array(gguf.quants.dequantize(rows, qtype), dtype=np.float32))
         return values if len(shape) == 1 else values.reshape(-1, shape[1])[:, columns].contiguous()
 
     def linear(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> GGUFWeight | None:
         """Rows (dim 0) or columns (dim 1) [start, stop) of a 2-D tensor in its blocks; None when its type has
         no native kernel or the columns do not fall on block boundaries (the caller reads it as floats)."""
         tensor = self._tensor(name)
-        block_type = BLOCK_TYPES_BY_GGML.get(int(tensor.tensor_type))
-        shape = self.shape(name)
+        block_type = BLOCK_TYPES_BY_GGML.get(tensor.ggml_type)
+        shape = tensor.shape
         if block_type is None or len(shape) != 2:
             return None
         if dim == 0:
