@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-# Byte offsets of each K-quant block's float16 factors (d, and dmin for Q4_K), and their magnitude.
-_K_QUANT_FACTORS: dict[str, tuple[int, ...]] = {"Q4_K": (0, 2), "Q6_K": (208,)}
-_FACTOR_RANGE = (0.002, 0.02)
+# Byte offsets of each K-quant block's float16 factors (d, and dmin for Q4_K), and their magnitude: random
+# 6-bit scales times 4-bit quants (Q4_K), int8 scales times 6-bit quants (Q6_K) make typical weights of
+# a few hundredths, as a trained model's.
+_K_QUANT_FACTORS: dict[str, tuple[tuple[int, ...], tuple[float, float]]] = {
+    "Q4_K": ((0, 2), (1e-4, 3e-4)),
+    "Q6_K": ((208,), (3e-5, 8e-5)),
+}
 
 
 def quantized_blocks(type_name: str, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -27,7 +31,8 @@ def quantized_blocks(type_name: str, weights: np.ndarray, rng: np.random.Generat
         return np.ascontiguousarray(gguf.quants.quantize(weights.astype(np.float32), qtype))
     data = rng.integers(0, 256, (rows, cols // block_size * type_size), dtype=np.uint8)
     blocks = data.reshape(-1, type_size)
-    for offset in _K_QUANT_FACTORS[type_name]:
-        factors = rng.uniform(*_FACTOR_RANGE, blocks.shape[0]) * rng.choice([-1.0, 1.0], blocks.shape[0])
+    offsets, magnitude = _K_QUANT_FACTORS[type_name]
+    for offset in offsets:
+        factors = rng.uniform(*magnitude, blocks.shape[0]) * rng.choice([-1.0, 1.0], blocks.shape[0])
         blocks[:, offset : offset + 2] = factors.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return data

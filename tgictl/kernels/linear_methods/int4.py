@@ -91,7 +91,7 @@ class Int4Weight(LinearWeight):
     def dequantize(self) -> Tensor:
         q = unpack_tiles(self.packed).float()
         w = (q - 8) * self._expanded(0) + self._expanded(1)
-        return w[: self.out_features, : self.in_features]
+        return w[: self.out_features, : self.in_features].contiguous()
 
     def dequantize_rows(self, rows: Tensor) -> Tensor:
         k_pad = self.padded_in_features
@@ -101,7 +101,7 @@ class Int4Weight(LinearWeight):
         q = ((byte >> shift[:, None]) & 15).float()
         sz = self.scales_zeros[:, rows].float().repeat_interleave(self.group_size, dim=0)  # [K_pad, n, 2]
         w = (q - 8) * sz[..., 0].t() + sz[..., 1].t()
-        return w[:, : self.in_features]
+        return w[:, : self.in_features].contiguous()
 
     @property
     def nbytes(self) -> int:

@@ -35,6 +35,7 @@ class Role(Enum):
 
 class LinearMethod(Protocol):
     name: str
+    whole_rows: bool  # a row-parallel slice is quantized from whole rows (from_dense_columns)
 
     def from_dense(self, weight: Tensor, dtype: torch.dtype, role: Role) -> LinearWeight:
         """weight [out, in] float -> the served weight, activations in `dtype`."""
@@ -44,10 +45,16 @@ class LinearMethod(Protocol):
         """Input columns a rank's slice should start and end on (1: anywhere)."""
         ...
 
+    def from_dense_columns(self, weight: Tensor, start: int, stop: int, dtype: torch.dtype, role: Role) -> LinearWeight:
+        """Input columns [start, stop) of the whole matrix `weight` [out, in] (a row-parallel rank's part),
+        quantized as the whole matrix is."""
+        ...
+
 
 @dataclass(frozen=True)
 class DenseMethod:
     name: str = "dense"
+    whole_rows: bool = False
 
     def from_dense(self, weight: Tensor, dtype: torch.dtype, role: Role) -> LinearWeight:
         return DenseWeight(weight.to(dtype))
@@ -55,22 +62,31 @@ class DenseMethod:
     def column_alignment(self, role: Role) -> int:
         return 1
 
+    def from_dense_columns(self, weight: Tensor, start: int, stop: int, dtype: torch.dtype, role: Role) -> LinearWeight:
+        return self.from_dense(weight[:, start:stop], dtype, role)
+
 
 @dataclass(frozen=True)
 class Int8Method:
     name: str = "int8"
+    whole_rows: bool = True  # each row's scale is its whole row's maximum
 
     def from_dense(self, weight: Tensor, dtype: torch.dtype, role: Role) -> LinearWeight:
         return Int8Weight.quantize(weight, dtype)
 
     def column_alignment(self, role: Role) -> int:
-        return 1  # one scale per output row: any column slice of it is exact
+        return 1  # one scale per output row, over the whole row: any column slice of it is exact
+
+    def from_dense_columns(self, weight: Tensor, start: int, stop: int, dtype: torch.dtype, role: Role) -> LinearWeight:
+        whole = Int8Weight.quantize(weight, dtype)
+        return Int8Weight(whole.qweight[:, start:stop].contiguous(), whole.scales)
 
 
 @dataclass(frozen=True)
 class Int4Method:
     group_size: int
     name: str = "int4"
+    whole_rows: bool = False  # groups on column_split's boundaries are the whole matrix's groups
 
     def from_dense(self, weight: Tensor, dtype: torch.dtype, role: Role) -> LinearWeight:
         if role is Role.VOCAB:
@@ -79,6 +95,11 @@ class Int4Method:
 
     def column_alignment(self, role: Role) -> int:
         return self.group_size if role is Role.PROJECTION else 1
+
+    def from_dense_columns(self, weight: Tensor, start: int, stop: int, dtype: torch.dtype, role: Role) -> LinearWeight:
+        # Groups start at `start`: on a group boundary they are the whole matrix's groups; elsewhere
+        # (attention heads that end inside a group) the slice gets groups of its own.
+        return self.from_dense(weight[:, start:stop], dtype, role)
 
 
 METHODS: Mapping[str, Callable[[QuantizeSpec | None], LinearMethod]] = MappingProxyType({

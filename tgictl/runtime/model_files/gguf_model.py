@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tgictl.errors import ConversionError
+from tgictl.errors import ConfigError, ConversionError
 from tgictl.log import get_logger
+from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.model_files.convert import staging_dir
 from tgictl.runtime.model_files.gguf_metadata import check_architecture, write_model_config, write_tokenizer
 
@@ -29,6 +30,20 @@ _WRITTEN = ("config.json", "generation_config.json", "tokenizer.json", "tokenize
 
 def is_gguf_path(path: Path) -> bool:
     return path.suffix == ".gguf"
+
+
+def served_gguf_file(model_dir: Path, quantize: QuantizeSpec | None = None) -> Path | None:
+    """The GGUF file a model directory is served from (its only *.gguf, when it holds no safetensors), or
+    None. A GGUF model is quantized already: asking --quantize of it is a ConfigError."""
+    if not model_dir.is_dir() or any(model_dir.glob("*.safetensors")):
+        return None
+    files = sorted(model_dir.glob("*.gguf"))
+    if len(files) > 1:
+        raise ConfigError(f"{model_dir} holds {len(files)} GGUF files; point --model-id at one of them")
+    if files and quantize is not None:
+        raise ConfigError(f"--quantize applies to safetensors models; {files[0].resolve().name} is a GGUF file, quantized "
+                          "already (its blocks are served as they are)")
+    return files[0] if files else None
 
 
 def _key(gguf_path: Path) -> str:

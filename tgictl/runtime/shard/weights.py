@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tgictl.errors import ConfigError, UnsupportedModelError
+from tgictl.errors import UnsupportedModelError
 from tgictl.kernels.linear_methods import LinearWeight, Role, concat_rows, linear_method
 from tgictl.quantization import QuantizeSpec
+from tgictl.runtime.model_files.gguf_model import served_gguf_file
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.gguf_file import GGUFSource
 from tgictl.runtime.shard.safetensors_files import INDEX_FILE, SafetensorsSource
@@ -49,16 +50,6 @@ def aligned_split(size: int, rank: int, world_size: int, alignment: int) -> tupl
     return start * alignment, (size if rank == world_size - 1 else stop * alignment)
 
 
-def _gguf_file(model_dir: Path) -> Path | None:
-    """The GGUF file a model directory is served from: its only *.gguf when it has no safetensors."""
-    if not model_dir.is_dir() or any(model_dir.glob("*.safetensors")):
-        return None
-    files = sorted(model_dir.glob("*.gguf"))
-    if len(files) > 1:
-        raise ConfigError(f"{model_dir} holds {len(files)} GGUF files; point --model-id at one of them")
-    return files[0] if files else None
-
-
 class Weights:
     """Named tensors of one model directory, converted to `dtype` on `device` as they are read.
 
@@ -72,10 +63,7 @@ class Weights:
         self.dtype = dtype
         self.device = device
         self.dist = dist
-        gguf = _gguf_file(self.model_dir)
-        if gguf is not None and quantize is not None:
-            raise ConfigError(f"--quantize applies to safetensors models; {gguf.name} is a GGUF file, quantized "
-                              "already (its blocks are served as they are)")
+        gguf = served_gguf_file(self.model_dir, quantize)
         self._source: SafetensorsSource | GGUFSource = GGUFSource(gguf) if gguf else SafetensorsSource(self.model_dir)
         self.method = linear_method(quantize)
 
@@ -144,4 +132,7 @@ class Weights:
         native = self._source.linear(name, 1, start, stop, self.dtype)
         if native is not None:
             return native.to(self.device)
+        if self.method.whole_rows:  # its quantization of a slice depends on the rest of each row
+            whole = self._source.read(name, 0, 0, self.shape(name)[0])
+            return self.method.from_dense_columns(whole, start, stop, self.dtype, role).to(self.device)
         return self._from_floats(self._source.read(name, 1, start, stop), role)
