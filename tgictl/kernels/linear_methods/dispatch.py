@@ -1,7 +1,7 @@
 """Which backend multiplies a quantized weight: per CPU kind, format, dtype, shape and row count, from a
 table of measurements (docs/architecture.md, "Weight formats").
 
-`scripts/bench_linear.py --write-table` times every backend of every format on a model's shapes at a few
+`scripts/bench_linear_methods.py --write-table` times every backend of every format on a model's shapes at a few
 row counts and writes, for this CPU kind, the fastest per (format, dtype, shape, rows) into
 kernel_choices.json next to this file. A call with R rows takes the entry of the largest measured row
 count <= R (the smallest when R is below all). Shapes, CPU kinds or devices the table does not know get

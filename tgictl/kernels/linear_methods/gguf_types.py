@@ -28,12 +28,12 @@ from torch import Tensor
 QK_K = 256
 
 
-def _f16(blocks: Tensor, start: int) -> Tensor:
+def block_f16(blocks: Tensor, start: int) -> Tensor:
     """The float16 at byte `start` of every block, as float32 [blocks, 1]."""
     return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
 
 
-def _nibbles(qs: Tensor, width: int) -> Tensor:
+def block_nibbles(qs: Tensor, width: int) -> Tensor:
     """qs [blocks, chunks * width] uint8 -> [blocks, chunks * 2 * width]: per chunk its low nibbles, then its
     high nibbles (ggml's order within a block)."""
     blocks = qs.shape[0]
@@ -42,19 +42,19 @@ def _nibbles(qs: Tensor, width: int) -> Tensor:
 
 
 def dequantize_q4_0(blocks: Tensor) -> Tensor:
-    d = _f16(blocks, 0)
-    q = (_nibbles(blocks[:, 2:], 16).view(torch.int8) - 8).float()
+    d = block_f16(blocks, 0)
+    q = (block_nibbles(blocks[:, 2:], 16).view(torch.int8) - 8).float()
     return d * q
 
 
 def dequantize_q4_1(blocks: Tensor) -> Tensor:
-    d, m = _f16(blocks, 0), _f16(blocks, 2)
-    q = _nibbles(blocks[:, 4:], 16).float()
+    d, m = block_f16(blocks, 0), block_f16(blocks, 2)
+    q = block_nibbles(blocks[:, 4:], 16).float()
     return (d * q) + m
 
 
 def dequantize_q8_0(blocks: Tensor) -> Tensor:
-    d = _f16(blocks, 0)
+    d = block_f16(blocks, 0)
     return blocks[:, 2:].contiguous().view(torch.int8).float() * d
 
 
@@ -70,11 +70,11 @@ def q4_k_scales(scales: Tensor) -> tuple[Tensor, Tensor]:
 
 def dequantize_q4_k(blocks: Tensor) -> Tensor:
     n = blocks.shape[0]
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    d, dmin = block_f16(blocks, 0), block_f16(blocks, 2)
     sc, mins = q4_k_scales(blocks[:, 4:16])
     scale = (d * sc.float()).view(n, 8, 1)
     offset = (dmin * mins.float()).view(n, 8, 1)
-    q = _nibbles(blocks[:, 16:], 32).view(n, 8, 32).float()
+    q = block_nibbles(blocks[:, 16:], 32).view(n, 8, 32).float()
     return (scale * q - offset).view(n, QK_K)
 
 
@@ -82,9 +82,9 @@ def dequantize_q6_k(blocks: Tensor) -> Tensor:
     n = blocks.shape[0]
     ql, qh = blocks[:, :128], blocks[:, 128:192]
     scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
-    d = _f16(blocks, 208)
+    d = block_f16(blocks, 208)
     scale = (d * scales).view(n, 16, 1)
-    low = _nibbles(ql, 64).view(n, 8, 32)  # [halves * (low, high) * 2 chunks of 32]
+    low = block_nibbles(ql, 64).view(n, 8, 32)  # [halves * (low, high) * 2 chunks of 32]
     high = qh.reshape(n, 2, 1, 32)
     high = torch.cat([(high >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2).view(n, 8, 32)
     q = ((low | (high << 4)).view(torch.int8) - 32).view(n, 16, 16).float()

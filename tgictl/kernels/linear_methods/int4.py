@@ -80,9 +80,16 @@ class Int4Weight(LinearWeight):
         scale = ((high - low) / 15).to(dtype).clamp_min(smallest_scale(dtype))
         zero = (low + 8 * scale.float()).to(dtype)
         q = torch.round((groups - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp_(0, 15)
-        packed = pack_tiles(q.to(torch.uint8).view(n_pad, k_pad))
+        return cls.from_groups(q.to(torch.uint8).view(n_pad, k_pad), scale, zero, group_size, n, k)
+
+    @classmethod
+    def from_groups(cls, q: Tensor, scale: Tensor, zero: Tensor, group_size: int, out_features: int,
+                    in_features: int) -> Int4Weight:
+        """The stored form of W = (q - 8) * scale + zero: q [N_pad, K_pad] uint8 in 0..15, scale and zero
+        [N_pad, K_pad / group_size] in the serving dtype, already padded (64 rows, the group size)."""
         scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [groups, N_pad, 2]
-        return cls(packed, scales_zeros, out_features=n, in_features=k, group_size=group_size)
+        return cls(pack_tiles(q), scales_zeros, out_features=out_features, in_features=in_features,
+                   group_size=group_size)
 
     def _expanded(self, part: int) -> Tensor:
         """scale (part 0) or zero (part 1) per weight: [N_pad, K_pad] float32."""

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from tgictl.errors import UnsupportedModelError
 from tgictl.kernels.linear_methods import LinearWeight, Role, concat_rows, linear_method
+from tgictl.kernels.linear_methods.gguf_repack import served_form
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.model_files.gguf_model import served_gguf_file
 from tgictl.runtime.shard.dist import DistContext
@@ -125,13 +126,13 @@ class Weights:
             native.to(self.device) if native is not None else self._from_floats(self._source.read(name, 0, a, b), role)
             for native, (name, a, b) in zip(natives, parts)
         ]
-        return concat_rows(pieces)
+        return served_form(concat_rows(pieces))
 
     def linear_columns(self, name: str, start: int, stop: int, role: Role = Role.PROJECTION) -> LinearWeight:
         """Input columns [start, stop) of an [out, in] matrix (a row-parallel rank's part)."""
         native = self._source.linear(name, 1, start, stop, self.dtype)
         if native is not None:
-            return native.to(self.device)
+            return served_form(native.to(self.device))
         if self.method.whole_rows:  # its quantization of a slice depends on the rest of each row
             whole = self._source.read(name, 0, 0, self.shape(name)[0])
             return self.method.from_dense_columns(whole, start, stop, self.dtype, role).to(self.device)

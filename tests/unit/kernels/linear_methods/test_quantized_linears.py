@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight, Int4Weight, Int8Weight, LinearWeight
+from tgictl.kernels.linear_methods.gguf_repack import as_int4_tiles
 from tgictl.kernels.linear_methods.int4 import torch_layout_matches
 from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.testing.gguf_blocks import quantized_blocks
@@ -38,6 +39,7 @@ FORMATS: dict[str, Callable[[torch.dtype], LinearWeight]] = {
     "int4/g128": lambda dtype: Int4Weight.quantize(_weight(), 128, dtype),
     "int4/g64, in not a group multiple": lambda dtype: Int4Weight.quantize(_weight(shape=(70, 100)), 64, dtype),
     **{name: _gguf(name) for name in sorted(BLOCK_TYPES)},
+    **{f"{name} as int4 tiles": (lambda dtype, name=name: as_int4_tiles(_gguf(name)(dtype))) for name in ("Q4_0", "Q4_1")},
 }
 
 

@@ -16,7 +16,9 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from tgictl.kernels import build_attention_metadata
-from tgictl.kernels.linear_methods import BLOCK_TYPES, DenseWeight, GGUFWeight, StackedLinearWeight
+from tgictl.kernels.linear_methods import BLOCK_TYPES, DenseWeight, GGUFWeight, Int4Weight, StackedLinearWeight
+from tgictl.kernels.linear_methods.gguf_repack import REPACKED_TYPES
+from tgictl.kernels.linear_methods.int4 import torch_layout_matches
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.gguf_file import llama_row_order
@@ -92,12 +94,15 @@ def test_native_gguf_matches_transformers_gguf_load(case: str, gguf_files: Calla
     attention = model.layers[0].attention
     if case == "llama mixed types":
         assert isinstance(attention.qkv.weight, StackedLinearWeight)  # three block types: side by side
-        assert isinstance(model.layers[0].mlp.gate_up.weight, GGUFWeight)  # one type: fused into one
+        # one type (Q4_0): fused into one, as int4 tiles where torch's kernel reads them (gguf_repack.py)
+        assert isinstance(model.layers[0].mlp.gate_up.weight, Int4Weight if torch_layout_matches() else GGUFWeight)
         assert isinstance(model.layers[0].mlp.down.weight, DenseWeight)  # F16: a float tensor
         assert isinstance(model.embed.weight, DenseWeight)  # Q5_0 has no native kernel: dequantized
         assert isinstance(model.lm_head.weight, GGUFWeight) and model.lm_head.weight is not model.embed.weight
     else:
-        assert isinstance(attention.qkv.weight, GGUFWeight) and isinstance(model.embed.weight, GGUFWeight)
+        repacked = any(t in case for t in REPACKED_TYPES) and torch_layout_matches()
+        assert isinstance(attention.qkv.weight, Int4Weight if repacked else GGUFWeight)
+        assert isinstance(model.embed.weight, Int4Weight if repacked else GGUFWeight)
 
 
 def test_types_without_a_native_kernel_are_named_once(gguf_files: Callable[[str], Path], tmp_path: Path,
