@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 import torch  # noqa: E402
+from bench_linear import best_ms  # noqa: E402  (the fastest of n calls: load on a shared machine only adds time)
 
 from tgictl.config import DEFAULT_MODEL_ID  # noqa: E402
 from tgictl.kernels.linear_methods import LinearWeight  # noqa: E402
@@ -33,17 +33,6 @@ from tgictl.runtime.shard.dist import DistContext  # noqa: E402
 from tgictl.runtime.shard.models.registry import load_model  # noqa: E402
 
 SKIPPED_BACKENDS = {"reference"}  # float32 on the float32 dequantization: the tests' oracle, never fastest
-
-
-def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` calls: on a shared machine the others' load only ever adds time."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
 
 
 def distinct_weights(model: torch.nn.Module) -> Iterator[LinearWeight]:

@@ -54,22 +54,20 @@ def prompt_logprobs(url: str, window: str) -> list[float]:
     return [t["logprob"] for t in response.json()["details"]["prefill"] if t["logprob"] is not None]
 
 
-def shard_memory(leader_pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (bytes) of the shard process in the launcher's process group."""
+def shard_memory(launcher_pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (bytes) of the launcher's shard child (each shard has a process group of its own)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            stat = (proc / "stat").read_text()
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             status = (proc / "status").read_text()
         except OSError:
             continue
-        pgid = int(stat.rsplit(")", 1)[1].split()[2])
-        if pgid == leader_pid and b"shard" in cmdline:
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fields = {key: value.strip() for key, value in (line.split(":", 1) for line in status.splitlines() if ":" in line)}
+        if int(fields["PPid"]) == launcher_pid and b"shard" in cmdline:
             return {key: int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM")}
-    raise SystemExit("no shard process found in the launcher's process group")
+    raise SystemExit("no shard process found among the launcher's children")
 
 
 def main() -> None:
