@@ -10,7 +10,7 @@ For every mode the script starts `tgictl launch` (bf16: the safetensors model; i
   window is sent to TGI's /generate with `decoder_input_details` (prompt logprobs, as TGI returns them)
   and max_new_tokens 1. Perplexity = exp(mean negative logprob) over every scored prompt token (each
   window's first token has none). Every mode scores the same strings.
-- memory: the resident set (VmRSS) and its peak (VmHWM) of the shard process after the windows, with
+- memory: the resident set (VmRSS, of it RssAnon: not file pages) and its peak (VmHWM) of the shard process after the windows, with
   the same KV budget for every mode (--kv-cache-memory).
 """
 
@@ -66,7 +66,7 @@ def shard_memory(launcher_pid: int) -> dict[str, int]:
             continue
         fields = {key: value.strip() for key, value in (line.split(":", 1) for line in status.splitlines() if ":" in line)}
         if int(fields["PPid"]) == launcher_pid and b"shard" in cmdline:
-            return {key: int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM")}
+            return {key: int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
     raise SystemExit("no shard process found among the launcher's children")
 
 
@@ -104,7 +104,7 @@ def main() -> None:
         results[mode] = {"perplexity": perplexity, **memory}
         shown = ", ".join(f"{Path(n).name} {p:.3f}" for n, p in perplexity.items())
         print(f"{mode}: perplexity {shown}; shard RSS {memory['VmRSS'] / 2**20:.0f} MiB "
-              f"(peak {memory['VmHWM'] / 2**20:.0f} MiB)", flush=True)
+              f"(anonymous {memory['RssAnon'] / 2**20:.0f} MiB, peak {memory['VmHWM'] / 2**20:.0f} MiB)", flush=True)
     base = results.get("bf16")
     if base is not None:
         for mode, result in results.items():
