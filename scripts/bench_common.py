@@ -59,8 +59,9 @@ def _stop(process: subprocess.Popen[bytes], grace_s: float) -> None:
 
 @contextmanager
 def managed_server(name: str, command: Sequence[str], health_url: str, env: dict[str, str] | None = None,
-                   ready_timeout_s: float = 600.0, grace_s: float = 60.0) -> Iterator[None]:
-    """Run `command` until the block ends; yields once GET `health_url` answers 200.
+                   ready_timeout_s: float = 600.0, grace_s: float = 60.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `command` until the block ends; yields its process (the leader of its group) once GET
+    `health_url` answers 200.
 
     Its output goes to a temporary log, kept (and named) when it fails to start, deleted otherwise.
     """
@@ -82,7 +83,7 @@ def managed_server(name: str, command: Sequence[str], health_url: str, env: dict
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        yield
+        yield process
         ok = True
     finally:
         _stop(process, grace_s)

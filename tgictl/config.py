@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tgictl.env import Env
 from tgictl.errors import ConfigError
+from tgictl.quantization import QuantizeSpec
 
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 CONVERT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -176,6 +177,7 @@ class ShardConfig:
     dtype: str | None = None  # None: bfloat16 on CUDA and on CPUs with native bf16 math, else float32
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | None = None  # bytes; None: the runtime's default budget
+    quantize: QuantizeSpec | None = None  # --quantize: safetensors projections quantized at load
     rank: int = 0
     world_size: int = 1
     master_addr: str | None = None  # torch.distributed rendezvous; required when world_size > 1
@@ -314,6 +316,7 @@ class LaunchConfig:
     dtype: str | None = None
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes per shard
+    quantize: QuantizeSpec | None = None  # passed to every shard
     shard_uds_path: Path | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port on this host

@@ -29,6 +29,6 @@ def test_script_compares_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
         # every asked token arrived: ignore_eos for tgictl, EOS banned by logit_bias for transformers
         assert run["output_tokens"] == run["asked_tokens"] == 8
         assert run["output_tokens_per_s"] > 0 and run["ttft_p50_s"] > 0
-    assert "tgictl / this" in done.stdout
+    assert "this / tgictl" in done.stdout  # no llama-server here: every row against the first tgictl row
     leftover = subprocess.run(["pgrep", "-f", f"serve.*{tiny_model_dir}"], capture_output=True, text=True)
     assert leftover.stdout == ""  # both servers were stopped

@@ -12,16 +12,21 @@ from typing import Optional
 import typer
 
 from tgictl.commands import speculation_options as spec
+from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig
 from tgictl.env import inherited_environ, read_env
+from tgictl.quantization import quantize_spec
 from tgictl.units import parse_size
 
 
 @with_router_options
 def launch(
     ctx: typer.Context,
-    model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
+    model_id: str = typer.Option(
+        DEFAULT_MODEL_ID, "--model-id",
+        help="Hub id, local model directory, a .gguf file, or a hub repository's GGUF as owner/name/FILE.gguf.",
+    ),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     num_shard: int = typer.Option(1, "--num-shard", help="Tensor-parallel shards (GPUs, or processes on CPU)."),
     dtype: Optional[str] = typer.Option(
@@ -34,6 +39,8 @@ def launch(
         help="KV cache bytes per shard, e.g. 4GiB (CPU: the budget, default min(25% of available RAM, 4 GiB); "
         "CUDA: a cap on what free memory allows).",
     ),
+    quantize: Optional[str] = QUANTIZE_OPTION,
+    quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     shard_uds_path: Optional[Path] = typer.Option(
         None, "--shard-uds-path", show_default=False,
         help="Socket base path; shard r listens on BASE-r (default: a fresh private directory in /tmp, "
@@ -63,6 +70,7 @@ def launch(
         dtype=dtype,
         block_size=block_size,
         kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
+        quantize=quantize_spec(quantize, quantize_group_size),
         shard_uds_path=shard_uds_path.expanduser().absolute() if shard_uds_path is not None else None,
         master_addr=master_addr,
         master_port=master_port,

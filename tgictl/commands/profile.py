@@ -18,9 +18,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig
 from tgictl.env import read_env
 from tgictl.errors import ConfigError, TgictlError, UsageError
+from tgictl.quantization import quantize_spec
+from tgictl.runtime.gguf_reader import read_gguf
+from tgictl.runtime.model_files.gguf_model import served_gguf_file
 from tgictl.runtime.model_files.resolve import load_model_config, resolve_model
 from tgictl.runtime.profile.budgets import (
     DTYPE_BYTES,
@@ -183,12 +187,22 @@ def _measure_settings(
         max_batch_prefill_tokens=int(budgets.max_batch_prefill_tokens.value or 0),
         max_input_tokens=settings.max_input_tokens,
         max_total_tokens=settings.max_total_tokens,
+        quantize=settings.quantize,
     )
+
+
+def _gguf_tensor_bytes(model_dir: Path, settings: BudgetSettings) -> int | None:
+    """The tensor bytes of the GGUF file the model is served from, if it is one (its header only)."""
+    gguf = served_gguf_file(model_dir, settings.quantize)
+    return None if gguf is None else sum(t.nbytes for t in read_gguf(gguf).tensors.values())
 
 
 def profile(
     ctx: typer.Context,
-    model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
+    model_id: str = typer.Option(
+        DEFAULT_MODEL_ID, "--model-id",
+        help="Hub id, local model directory, a .gguf file, or a hub repository's GGUF as owner/name/FILE.gguf.",
+    ),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     num_shard: int = typer.Option(1, "--num-shard", help="Tensor-parallel shards (GPUs, or processes on CPU)."),
     dtype: Optional[str] = typer.Option(
@@ -204,6 +218,8 @@ def profile(
         "CUDA: a cap on what free memory allows).",
     ),
     cuda_memory_fraction: float = typer.Option(1.0, "--cuda-memory-fraction", help="Share of each GPU to use."),
+    quantize: Optional[str] = QUANTIZE_OPTION,
+    quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     run_measure: bool = typer.Option(
         False, "--measure",
         help="Also load the model here as one shard, run the router's warmup probe and show the measured "
@@ -221,6 +237,7 @@ def profile(
         max_batch_prefill_tokens=max_batch_prefill_tokens,
         kv_cache_memory_bytes=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
         cuda_memory_fraction=cuda_memory_fraction,
+        quantize=quantize_spec(quantize, quantize_group_size),
     )
     if run_measure and num_shard != 1:
         raise UsageError(
@@ -233,7 +250,7 @@ def profile(
     shape = model_shape(config)
     kv_heads_per_shard(shape, num_shard)  # fail on a model/shard mismatch before measuring anything
     hardware = discover_hardware(visible_gpus=visible_gpus)
-    budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length)
+    budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length, _gguf_tensor_bytes(model_dir, settings))
     report = profile_report(model_id, model_dir, shape, hardware, budgets)
     measure_error: TgictlError | None = None
     if run_measure:

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from tgictl.commands import speculation_options as spec
+from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.config import (
     DEFAULT_MODEL_ID,
     SHARD_DTYPES,
@@ -22,11 +23,15 @@ from tgictl.config import (
     default_uds_path,
 )
 from tgictl.env import read_env
+from tgictl.quantization import quantize_spec
 from tgictl.units import parse_size
 
 
 def shard(
-    model_id: str = typer.Option(DEFAULT_MODEL_ID, "--model-id", help="Hub id or local model directory."),
+    model_id: str = typer.Option(
+        DEFAULT_MODEL_ID, "--model-id",
+        help="Hub id, local model directory, a .gguf file, or a hub repository's GGUF as owner/name/FILE.gguf.",
+    ),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     dtype: Optional[str] = typer.Option(
         None, "--dtype", help=f"One of {', '.join(SHARD_DTYPES)} (default: bfloat16 on CUDA and on CPUs with native bf16 math, else float32).",
@@ -52,6 +57,8 @@ def shard(
     speculate_ngram_min: int = spec.NGRAM_MIN,
     speculate_ngram_max: int = spec.NGRAM_MAX,
     speculate_max_batch: int = spec.MAX_BATCH,
+    quantize: Optional[str] = QUANTIZE_OPTION,
+    quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
 ) -> None:
     """Load the model and serve this rank until SIGTERM or SIGINT."""
     env = read_env()
@@ -62,6 +69,7 @@ def shard(
         uds_path=uds_path if uds_path is not None else default_uds_path(os.getuid()),
         block_size=block_size,
         kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
+        quantize=quantize_spec(quantize, quantize_group_size),
         rank=env.rank if env.rank is not None else 0,
         world_size=env.world_size if env.world_size is not None else 1,
         master_addr=env.master_addr,

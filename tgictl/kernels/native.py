@@ -36,13 +36,15 @@ from tgictl.env import read_env
 
 log = logging.getLogger(__name__)
 
-_SOURCES = tuple(
-    Path(__file__).with_name("csrc") / name for name in ("paged_decode.c", "small_linear.c", "shm_collectives.c")
-)
+# Every C file of csrc/ goes into one library (the quantized linears bind theirs from it in
+# linear_methods/native.py); the headers only join the build's hash.
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = tuple(sorted(_CSRC.glob("*.c")))
+_HEADERS = tuple(sorted(_CSRC.glob("*.h")))
 # Reassociation lets the dot products and sums vectorise (the kernel has no order-sensitive sums
 # beyond float rounding); -ffp-contract=fast gives fused multiply-adds, which -std=c11 turns off;
 # no -ffast-math: infinities and NaN keep their meaning.
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-fassociative-math",
+_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-fassociative-math",
           "-fno-signed-zeros", "-fno-trapping-math", "-shared", "-fPIC", "-std=c11")
 _BUILD_TIMEOUT_S = 120.0
 
@@ -52,6 +54,7 @@ class NativeKernels:
     """The loaded library's entry points (ctypes functions)."""
 
     path: Path
+    library: ctypes.CDLL  # every entry point, for the modules that bind their own (linear_methods/native.py)
     decode_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     decode_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     linear_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
@@ -111,7 +114,7 @@ def _compiler_identity(compiler: str) -> str:
     return result.stdout.splitlines()[0] if result.stdout else compiler
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -121,17 +124,19 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def _build(compiler: str, cache_dir: Path) -> Path:
-    sources = [path.read_bytes() for path in (*_SOURCES, _SOURCES[0].with_name("bf16.h"))]
-    key = hashlib.sha256(b"\0".join([*sources, _compiler_identity(compiler).encode(), _cpu_flags().encode(),
-                                     " ".join(_FLAGS).encode()])).hexdigest()[:16]
+def _build(compiler: str, cache_dir: Path, march: str = "native") -> Path:
+    """The library for `-march=MARCH` (native: this CPU; tests also build e.g. haswell, x86-64)."""
+    flags = (f"-march={march}", *_FLAGS)
+    sources = [path.read_bytes() for path in (*_SOURCES, *_HEADERS)]
+    key = hashlib.sha256(b"\0".join([*sources, _compiler_identity(compiler).encode(), cpu_flags().encode(),
+                                     " ".join(flags).encode()])).hexdigest()[:16]
     target = cache_dir / f"tgictl-kernels-{key}.so"
     if target.exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         partial = Path(tmp) / target.name
-        result = subprocess.run([compiler, *_FLAGS, "-o", str(partial), *map(str, _SOURCES)], capture_output=True,
+        result = subprocess.run([compiler, *flags, "-o", str(partial), *map(str, _SOURCES)], capture_output=True,
                                 text=True, timeout=_BUILD_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
@@ -164,7 +169,7 @@ def _bind(path: Path) -> NativeKernels:
         fn.argtypes = argtypes
         fn.restype = c_int
         functions.append(fn)
-    return NativeKernels(path, *functions)
+    return NativeKernels(path, library, *functions)
 
 
 @functools.cache

@@ -146,6 +146,44 @@ def test_cli_json_output(model_dir: Path) -> None:
         assert figures["cuda_graphs"] == []
 
 
+def test_cli_quantize_sizes_the_quantized_weights(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    result = run_tgictl(
+        "--json-output", "profile", "--model-id", str(model_dir), "--dtype", "float32", "--kv-cache-memory", "1MiB",
+        "--quantize", "int8",
+    )
+    assert result.returncode == 0, result.stderr
+    figures = {name: figure["value"] for name, figure in json.loads(result.stdout)["budgets"].items()}
+    # float32 scales: q, k, v, gate, up, o read 64 inputs, 57344 · (1 + 4/64) = 60928; down 16384 ·
+    # (1 + 4/128) = 16896; embedding and LM head 65536 · (1 + 4/64) = 69632; norms 320 · 4 = 1280
+    assert figures["weight_bytes_per_shard"] == 148736
+    assert figures["kv_blocks"] == 128  # the KV budget is given: the same blocks as unquantized
+    for args, message in [
+        (("--quantize-group-size", "32"), "Error: --quantize-group-size needs --quantize int4"),
+        (("--quantize", "int3"), "Error: quantize must be one of int8, int4, got 'int3'"),
+    ]:
+        result = run_tgictl("profile", "--model-id", str(model_dir), *args)
+        assert result.returncode != 0
+        assert result.stderr.strip() == message
+
+
+def test_cli_gguf_model_sizes_its_file_and_refuses_quantize(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tgictl.runtime.gguf_reader import read_gguf
+    from tgictl.testing.tiny_gguf import every_projection, write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("gguf-profile")
+    gguf = write_tiny_gguf(root / "tiny-q4_0.gguf", "llama", types=every_projection("Q4_0"))
+    env = {"TGICTL_CACHE_DIR": str(root / "cache")}
+    result = run_tgictl("--json-output", "profile", "--model-id", str(gguf), "--kv-cache-memory", "64MiB", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["budgets"]
+    assert figures["weight_bytes_per_shard"]["value"] == sum(t.nbytes for t in read_gguf(gguf).tensors.values())
+    assert "GGUF" in figures["weight_bytes_per_shard"]["source"]
+    result = run_tgictl("profile", "--model-id", str(gguf), "--quantize", "int4", extra_env=env)
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("Error: --quantize applies to safetensors models; tiny-q4_0.gguf")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_cli_table_then_exit_code_for_a_setup_that_would_not_start(model_dir: Path) -> None:
     # 64 KiB holds 8 blocks = 128 tokens: --max-total-tokens 150 cannot be served
     result = run_tgictl(

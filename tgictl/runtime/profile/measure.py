@@ -18,6 +18,7 @@ from typing import Any
 
 from tgictl.config import RouterConfig
 from tgictl.errors import ConfigError
+from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.profile.budgets import Budgets
 from tgictl.runtime.router.scheduling.limits import warmup_request
 
@@ -35,6 +36,7 @@ class MeasureSettings:
     max_batch_prefill_tokens: int  # tokens in the probe batch
     max_input_tokens: int | None
     max_total_tokens: int | None
+    quantize: QuantizeSpec | None = None  # --quantize, as the shard takes it
 
     def __post_init__(self) -> None:
         if self.max_batch_prefill_tokens < 1:
@@ -86,7 +88,7 @@ def measure(settings: MeasureSettings) -> Measurement:
     start = time.perf_counter()
     runtime = ShardRuntime.load(
         settings.model_dir, settings.dtype, settings.device, DistContext.single(), settings.block_size,
-        settings.kv_cache_memory_bytes, settings.cuda_memory_fraction,
+        settings.kv_cache_memory_bytes, settings.cuda_memory_fraction, quantize=settings.quantize,
     )
     load_seconds = time.perf_counter() - start
     info = runtime.info()

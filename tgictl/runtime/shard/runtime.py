@@ -18,6 +18,7 @@ from tgictl.config import SpeculationConfig
 from tgictl.errors import ConfigError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
 from tgictl.kernels.native import load_native_kernels
+from tgictl.quantization import QuantizeSpec
 from tgictl.proto.messages import (
     Batch,
     Generation,
@@ -101,11 +102,13 @@ class ShardRuntime:
         block_size: int = 16,
         kv_cache_memory: int | None = None,
         cuda_memory_fraction: float = 0.9,
+        quantize: QuantizeSpec | None = None,
     ) -> ShardRuntime:
-        """Load this rank's slice of the model. kv_cache_memory: bytes (see warmup.py for defaults)."""
+        """Load this rank's slice of the model. kv_cache_memory: bytes (see warmup.py for defaults);
+        quantize: --quantize for a safetensors model (docs/architecture.md, "Weight formats")."""
         settings = KVMemorySettings(kv_cache_memory=kv_cache_memory, cuda_memory_fraction=cuda_memory_fraction)
         torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
-        model = load_model(Path(model_dir), dtype=torch_dtype, device=torch_device, dist=dist)
+        model = load_model(Path(model_dir), dtype=torch_dtype, device=torch_device, dist=dist, quantize=quantize)
         release_free_memory(collect_garbage=True)  # the parts of the fused weights, freed at load
         if torch_device.type == "cpu":
             load_native_kernels()  # built (about a second, once per machine) now, not in the first request

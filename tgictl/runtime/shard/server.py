@@ -80,7 +80,8 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     )
     with phase(f"rank {config.rank}: loading {model_dir.name} ({dtype} on {device})", logger=log):
         runtime = ShardRuntime.load(
-            model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory
+            model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory,
+            quantize=config.quantize,
         )
     runtime.set_speculation(config.speculation)
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)

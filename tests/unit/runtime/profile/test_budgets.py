@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tgictl.errors import ConfigError, UnsupportedModelError
+from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import CpuHost
 from tgictl.runtime.profile.budgets import (
     BudgetSettings,
@@ -216,6 +217,36 @@ def test_smollm2_on_one_h100() -> None:
     assert got["cuda_graphs"] == [1, 2, 4, 8, 16, 32]
     assert budgets.max_total_tokens.source.endswith(": tokenizer model_max_length")
     assert budgets.problems == ()
+
+
+@pytest.mark.parametrize(("spec", "weights", "kv_blocks"), [
+    # int8: each projection's parameters · (1 + 2 bytes of bf16 scale / in_features): q, k, v, gate, up
+    # and o read 576 inputs, 79626240 · (1 + 2/576) = 79902720; down 26542080 · (1 + 2/1536) = 26576640;
+    # the tied vocabulary int8 too, 28311552 · (1 + 2/576) = 28409856; norms 35136 · 2 = 70272
+    (QuantizeSpec("int8"), 134959488, 207636),
+    # int4/g64: half a byte per weight + a bf16 scale and zero per 64 = 0.5625 bytes at 576 and 1536
+    # inputs: 79626240 · 0.5625 + 26542080 · 0.5625 = 59719680; vocabulary and norms as under int8
+    (QuantizeSpec("int4", 64), 88199808, 207763),
+])
+def test_quantize_weight_bytes_and_kv_blocks_follow(spec: QuantizeSpec, weights: int, kv_blocks: int) -> None:
+    hardware = gpu_hardware("NVIDIA H100 80GB HBM3", 1, total=80 * GIB)
+    budgets = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(quantize=spec), tokenizer_max_length=2048)
+    got = values(budgets)
+    assert got["weight_bytes_per_shard"] == weights
+    # the bf16 case's 76409138560 + 269030016 of bf16 weights − these weights, // 368640 per block
+    assert got["kv_cache_memory_bytes_per_shard"] == 76409138560 + 269030016 - weights
+    assert got["kv_blocks"] == kv_blocks
+    assert budgets.weight_bytes_per_shard.source.startswith(spec.label)
+
+
+def test_gguf_weight_bytes_are_the_files_share() -> None:
+    hardware = cpu_hardware(native_bf16=True)
+    one = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(), gguf_tensor_bytes=90_000_000)
+    assert one.weight_bytes_per_shard.value == 90_000_000
+    three = compute_budgets(model_shape(SMOLLM2), hardware, BudgetSettings(num_shard=3), gguf_tensor_bytes=90_000_000)
+    # rank 0 holds 44861760 of 134515008 parameters (test_three_cpu_shards_share_the_host_budget)
+    assert three.weight_bytes_per_shard.value == 30015672  # int(90e6 · 44861760 / 134515008)
+    assert "GGUF" in three.weight_bytes_per_shard.source
 
 
 def test_smollm2_on_three_small_l4s_hits_the_memory_clamp() -> None:

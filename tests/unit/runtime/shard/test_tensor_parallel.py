@@ -13,7 +13,9 @@ from torch import Tensor
 
 from tgictl.errors import ConfigError
 from tgictl.kernels import build_attention_metadata
+from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.launcher.plan import free_port
+from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.shard.dist import (
     DistContext,
     all_gather,
@@ -22,6 +24,7 @@ from tgictl.runtime.shard.dist import (
     init_distributed,
 )
 from tgictl.runtime.shard.models.registry import load_model
+from tgictl.testing.tiny_gguf import every_projection, write_tiny_gguf
 
 CPU = torch.device("cpu")
 BLOCK_SIZE = 4
@@ -33,9 +36,9 @@ def _slots(blocks: list[int], start: int, stop: int) -> Tensor:
     return torch.tensor([blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(start, stop)])
 
 
-def scenario(model_dir: Path, dtype: torch.dtype, dist: DistContext) -> list[Tensor]:
+def scenario(model_dir: Path, dtype: torch.dtype, dist: DistContext, quantize: QuantizeSpec | None = None) -> list[Tensor]:
     """Prefill A; then A decoding while B prefills, in one batch; then both decode 3 steps."""
-    model = load_model(model_dir, dtype=dtype, device=CPU, dist=dist)
+    model = load_model(model_dir, dtype=dtype, device=CPU, dist=dist, quantize=quantize)
     cache = model.allocate_kv_cache(32, BLOCK_SIZE)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 500, (40,), generator=generator)
@@ -61,27 +64,46 @@ def scenario(model_dir: Path, dtype: torch.dtype, dist: DistContext) -> list[Ten
     return outputs
 
 
-# (name, tiny-model arguments, dtype): every case runs in ONE pair of rank processes, since starting
-# a process (importing torch) costs more than the forwards.
-CASES: list[tuple[str, dict[str, object], torch.dtype]] = [
-    ("split kv heads, tied, uneven vocab", {"family": "qwen2", "vocab_size": 509}, torch.float32),
-    ("replicated kv head, untied", {"family": "llama", "num_kv_heads": 1}, torch.float32),
-    ("qk norm, bfloat16", {"family": "qwen3"}, torch.bfloat16),
+# (name, tiny-model arguments, dtype, --quantize): every case runs in ONE pair of rank processes, since
+# starting a process (importing torch) costs more than the forwards. A "gguf" argument names the block
+# type of a tiny GGUF model (tgictl/testing/tiny_gguf.py) served natively.
+UNEVEN_HEADS = {"family": "llama", "hidden_size": 72, "num_heads": 9, "num_kv_heads": 3, "intermediate_size": 130}
+CASES: list[tuple[str, dict[str, object], torch.dtype, QuantizeSpec | None]] = [
+    ("split kv heads, tied, uneven vocab", {"family": "qwen2", "vocab_size": 509}, torch.float32, None),
+    ("replicated kv head, untied", {"family": "llama", "num_kv_heads": 1}, torch.float32, None),
+    ("qk norm, bfloat16", {"family": "qwen3"}, torch.bfloat16, None),
     # SmolLM2's head layout: 9 query heads over 3 KV heads split by groups, 6 + 3; an odd MLP width.
-    ("uneven head groups", {"family": "llama", "hidden_size": 72, "num_heads": 9, "num_kv_heads": 3,
-                            "intermediate_size": 130}, torch.float32),
+    ("uneven head groups", UNEVEN_HEADS, torch.float32, None),
     ("uneven head groups, bfloat16", {"family": "llama", "hidden_size": 72, "num_heads": 9, "num_kv_heads": 3},
-     torch.bfloat16),
+     torch.bfloat16, None),
+    # Quantized: int8 rows split anywhere; int4 groups and GGUF blocks split on their boundaries (MLP), or
+    # the slice is quantized / dequantized on its own (o_proj of Q4_K: 2 heads of 64 are half a block).
+    ("int8, uneven head groups", UNEVEN_HEADS, torch.float32, QuantizeSpec("int8")),
+    ("int4 g32", {"family": "qwen3", "hidden_size": 128, "num_kv_heads": 2, "intermediate_size": 256}, torch.float32,
+     QuantizeSpec("int4", 32)),
+    ("GGUF Q4_0", {"gguf": "Q4_0", "family": "llama"}, torch.float32, None),
+    ("GGUF Q4_K, o_proj inside blocks", {"gguf": "Q4_K", "family": "qwen2"}, torch.float32, None),
 ]
 
 
-def _worker(rank: int, jobs: list[tuple[str, torch.dtype]], port: int, out_dir: str, shared_memory: bool) -> None:
+def _model_dir(make_tiny_model: Callable[..., Path], root: Path, overrides: dict[str, object]) -> Path:
+    options = dict(overrides)
+    block_type = options.pop("gguf", None)
+    if block_type is None:
+        return make_tiny_model(**options)
+    family = str(options.pop("family"))
+    path = write_tiny_gguf(root / f"{family}-{block_type}.gguf", family, types=every_projection(str(block_type)))
+    return gguf_model_dir(path, root / "cache")
+
+
+def _worker(rank: int, jobs: list[tuple[str, torch.dtype, QuantizeSpec | None]], port: int, out_dir: str,
+            shared_memory: bool) -> None:
     torch.set_num_threads(1)  # two ranks share the CI machine's two cores
     dist = init_distributed(rank, WORLD_SIZE, "127.0.0.1", port, CPU, timeout_s=TIMEOUT_S,
                             shared_memory=shared_memory)
     try:
         assert (dist.shm is not None) == shared_memory
-        results = [scenario(Path(model_dir), dtype, dist) for model_dir, dtype in jobs]
+        results = [scenario(Path(model_dir), dtype, dist, quantize) for model_dir, dtype, quantize in jobs]
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         destroy_distributed(dist)
@@ -95,7 +117,8 @@ def tp_results(
     """{case: (rank 0 logits, rank 1 logits, TP=1 logits)}, each a list of per-step tensors; once with
     the shared-memory collectives of one host, once with gloo's."""
     out_dir = tmp_path_factory.mktemp("tp")
-    jobs = [(str(make_tiny_model(**overrides)), dtype) for _, overrides, dtype in CASES]
+    jobs = [(str(_model_dir(make_tiny_model, out_dir, overrides)), dtype, quantize)
+            for _, overrides, dtype, quantize in CASES]
     shared_memory = request.param == "shared memory"
     context = mp.spawn(_worker, args=(jobs, free_port(), str(out_dir), shared_memory), nprocs=WORLD_SIZE, join=False)
     deadline = time.monotonic() + TIMEOUT_S
@@ -106,12 +129,12 @@ def tp_results(
             raise AssertionError(f"tensor-parallel workers did not finish within {TIMEOUT_S} s")
     ranks = [torch.load(out_dir / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
     return {
-        name: (ranks[0][i], ranks[1][i], scenario(Path(jobs[i][0]), dtype, DistContext.single()))
-        for i, (name, _, dtype) in enumerate(CASES)
+        name: (ranks[0][i], ranks[1][i], scenario(Path(jobs[i][0]), dtype, DistContext.single(), quantize))
+        for i, (name, _, dtype, quantize) in enumerate(CASES)
     }
 
 
-@pytest.mark.parametrize("case", [name for name, _, dtype in CASES if dtype == torch.float32])
+@pytest.mark.parametrize("case", [name for name, _, dtype, _ in CASES if dtype == torch.float32])
 def test_two_ranks_match_one(case: str, tp_results: dict[str, tuple]) -> None:
     rank0, rank1, single = tp_results[case]
     assert len(rank0) == len(single) == 5
@@ -121,7 +144,7 @@ def test_two_ranks_match_one(case: str, tp_results: dict[str, tuple]) -> None:
         assert (ours0 - reference).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("case", [name for name, _, dtype in CASES if dtype == torch.bfloat16])
+@pytest.mark.parametrize("case", [name for name, _, dtype, _ in CASES if dtype == torch.bfloat16])
 def test_two_ranks_in_bfloat16_agree(case: str, tp_results: dict[str, tuple]) -> None:
     rank0, rank1, single = tp_results[case]
     for ours0, ours1, reference in zip(rank0, rank1, single):

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgictl.kernels.linear import linear
+from tgictl.kernels.linear_methods import LinearWeight, Role
 from tgictl.runtime.shard.dist import DistContext, all_gather, all_reduce
+from tgictl.runtime.shard.layers.linear import as_linear_weight
 from tgictl.runtime.shard.weights import Weights
 
 
@@ -23,42 +24,42 @@ def vocab_range(vocab_size: int, rank: int, world_size: int) -> tuple[int, int, 
     return start, min(start + block, vocab_size), block
 
 
-def load_vocab_rows(weights: Weights, name: str, vocab_size: int) -> Tensor:
-    """This rank's rows of a [vocab, hidden] matrix."""
+def load_vocab_rows(weights: Weights, name: str, vocab_size: int) -> LinearWeight:
+    """This rank's rows of a [vocab, hidden] matrix, in the format the vocabulary matrices take."""
     start, stop, _ = vocab_range(vocab_size, weights.dist.rank, weights.dist.world_size)
-    return weights.get_range(name, 0, start, stop)
+    return weights.linear_rows([(name, start, stop)], Role.VOCAB)
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, weight: Tensor, vocab_size: int, dist: DistContext) -> None:
+    def __init__(self, weight: Tensor | LinearWeight, vocab_size: int, dist: DistContext) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)  # [rows_per_rank, hidden]
+        self.weight = as_linear_weight(weight)  # [rows_per_rank, hidden]; lookups dequantize their rows
         self.dist = dist
         self.start, self.stop, _ = vocab_range(vocab_size, dist.rank, dist.world_size)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         """input_ids: [tokens] int64 -> [tokens, hidden]."""
         if not self.dist.is_sharded:
-            return F.embedding(input_ids, self.weight)
+            return self.weight.embedding(input_ids)
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.stop - self.start)  # [tokens] ids another rank holds
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = self.weight.embedding(local.masked_fill(outside, 0))
         out = out.masked_fill(outside[:, None], 0)
         return all_reduce(out, self.dist)
 
 
 class ParallelLMHead(nn.Module):
-    def __init__(self, weight: Tensor, vocab_size: int, dist: DistContext) -> None:
+    def __init__(self, weight: Tensor | LinearWeight, vocab_size: int, dist: DistContext) -> None:
         super().__init__()
-        # Shares the embedding's Parameter when the embeddings are tied (same rows on every rank).
-        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        # Shares the embedding's weight module when the embeddings are tied (same rows on every rank).
+        self.weight = as_linear_weight(weight)
         self.vocab_size = vocab_size
         self.dist = dist
         _, _, self.block = vocab_range(vocab_size, dist.rank, dist.world_size)
 
     def forward(self, hidden: Tensor) -> Tensor:
         """hidden: [n, hidden] -> logits [n, vocab_size] float32, identical on every rank."""
-        logits = linear(hidden, self.weight)  # [n, rows_per_rank]
+        logits = self.weight(hidden)  # [n, rows_per_rank]
         if self.dist.is_sharded:
             missing = self.block - logits.shape[1]
             if missing:

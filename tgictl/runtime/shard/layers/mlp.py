@@ -17,9 +17,16 @@ class GatedMLP(nn.Module):
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, *, bias: bool) -> GatedMLP:
-        """prefix: e.g. "model.layers.0.mlp" with gate_proj, up_proj, down_proj below it."""
-        gate_up = ColumnParallelLinear.load_sharded(weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias=bias)
-        down = RowParallelLinear.load_sharded(weights, f"{prefix}.down_proj", bias=bias)
+        """prefix: e.g. "model.layers.0.mlp" with gate_proj, up_proj, down_proj below it.
+
+        One split of the intermediate features serves gate/up (output rows) and down (input columns); it
+        falls on down's group or block boundaries, so a quantized down splits into whole groups.
+        """
+        start, stop = weights.column_split(f"{prefix}.down_proj.weight")
+        gate_up = ColumnParallelLinear.load_ranges(
+            weights, [(f"{prefix}.gate_proj", start, stop), (f"{prefix}.up_proj", start, stop)], bias=bias
+        )
+        down = RowParallelLinear.load_columns(weights, f"{prefix}.down_proj", start, stop, bias=bias)
         return cls(gate_up, down)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -9,8 +9,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import torch
+from torch import nn
 
 from tgictl.errors import UnsupportedModelError
+from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
@@ -43,22 +45,36 @@ def model_class(model_type: str) -> type[LlamaForCausalLM]:
         ) from None
 
 
-def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dist: DistContext) -> CausalLM:
-    """Load this rank's part of the model in `model_dir` (config.json + safetensors), ready for forward."""
+def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dist: DistContext,
+               quantize: QuantizeSpec | None = None) -> CausalLM:
+    """Load this rank's part of the model in `model_dir` (config.json + safetensors or one GGUF file), ready
+    for forward; `quantize` quantizes a safetensors model's projections at load."""
     config = ModelConfig.from_dir(Path(model_dir))
     cls = model_class(config.model_type)
     # Fail on an unsplittable head count before reading any weight.
     config.head_split(dist.rank, dist.world_size)
     start = time.perf_counter()
-    with Weights(Path(model_dir), dtype=dtype, device=device, dist=dist) as weights:
+    with Weights(Path(model_dir), dtype=dtype, device=device, dist=dist, quantize=quantize) as weights:
         model = cls(config, weights, dtype=dtype, device=device, dist=dist)
+        source = "GGUF blocks" if weights.is_gguf else (quantize.label if quantize is not None else "dense")
     model.eval()
     logger.info(
-        "loaded %s (%s) rank %d/%d in %.2f s",
+        "loaded %s (%s, %s weights: %.1f MiB) rank %d/%d in %.2f s",
         model_dir,
         config.model_type,
+        source,
+        weight_bytes(model) / 2**20,
         dist.rank,
         dist.world_size,
         time.perf_counter() - start,
     )
     return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every weight the model holds, each stored tensor counted once (a tied LM head is the
+    embedding)."""
+    seen: dict[int, int] = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        seen[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())

@@ -1,0 +1,54 @@
+"""The quantized C kernels built for other CPUs than this one: AVX2 (-march=haswell) and baseline x86-64
+(SSE2, effectively the scalar code) give the reference results too, so machines without AVX-512 run
+correct code."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight, Int4Weight, Int8Weight
+from tgictl.kernels.linear_methods.native import bind_quant_kernels
+from tgictl.kernels.native import _build
+from tgictl.testing.gguf_blocks import quantized_blocks
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="the variants are x86-64 targets")
+
+
+@pytest.fixture(scope="module", params=["haswell", "x86-64"])
+def variant(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    path = _build("cc", tmp_path_factory.mktemp(f"kernels-{request.param}"), march=request.param)
+    return bind_quant_kernels(ctypes.CDLL(str(path)))
+
+
+def test_variant_kernels_match_the_reference(variant) -> None:
+    generator = torch.Generator().manual_seed(0)
+    w = torch.randn(130, 256, generator=generator) * 0.05
+    x = torch.randn(5, 256, generator=generator)
+    bias = torch.randn(130, generator=generator)
+    int8 = Int8Weight.quantize(w, torch.bfloat16)
+    int4 = Int4Weight.quantize(w, 64, torch.float32)
+    outputs = {
+        int8: variant.int8_linear(x, int8.qweight, int8.scales, bias),
+        int4: variant.int4_linear(x, int4.packed, int4.scales_zeros, 64, 130, bias),
+    }
+    for name, block_type in BLOCK_TYPES.items():
+        data = torch.from_numpy(quantized_blocks(name, w.numpy(), np.random.default_rng(1)))
+        weight = GGUFWeight(data, block_type, 256, torch.float32)
+        outputs[weight] = variant.gguf_linear(x, data, block_type.native_id, 256, bias)
+        decoded = variant.gguf_dequantize(data, block_type.native_id, 256)
+        torch.testing.assert_close(decoded, weight.dequantize(), rtol=1e-6, atol=1e-7)
+    for weight, out in outputs.items():
+        expected = torch.nn.functional.linear(x, weight.dequantize(), bias)
+        bound = float((x.abs() @ weight.dequantize().abs().t() + bias.abs()).max())
+        assert out is not None
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-5 * bound, msg=lambda m: f"{weight.format_key}: {m}")
+
+
+def test_variant_builds_are_distinct_files(tmp_path: Path) -> None:
+    assert _build("cc", tmp_path, march="haswell") != _build("cc", tmp_path, march="x86-64")

@@ -1,0 +1,151 @@
+"""One linear layer's weight in one storage format, and the matmuls that read it (docs/architecture.md,
+"Weight formats").
+
+A `LinearWeight` is the matrix W [out_features, in_features] of y = x W^T + b, held the way its format
+holds it (bf16 values, int8 rows and scales, int4 tiles, GGUF blocks). Every format defines the exact
+values it stands for (`dequantize`, pure torch: the reference) and registers the matmuls that compute on
+the stored form ("backends"); `forward` runs the first backend the dispatch table chooses for this shape
+and row count that accepts the input, falling back to the reference. The layers never look inside.
+
+Backends every format has:
+- "reference": float32 matmul on the float32 dequantization; what the faster paths are tested against.
+- "dequant": dequantize into the activations' dtype, then torch's matmul (oneDNN, AMX in bf16): the
+  weight is rebuilt on every call, which pays off only when many rows share it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tgictl.kernels.linear_methods import dispatch
+
+# (weight, x [rows, in], bias [out] or None) -> [rows, out] in x's dtype, or None: "not for this input".
+LinearFn = Callable[["LinearWeight", Tensor, "Tensor | None"], "Tensor | None"]
+
+
+class LinearWeight(nn.Module, ABC):
+    """W [out_features, in_features] in one format; `forward(x, bias)` = x W^T + bias."""
+
+    method: ClassVar[str]  # the registry name (linear_methods/registry.py)
+
+    def __init__(self, out_features: int, in_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features = out_features
+        self.in_features = in_features
+        self.dtype = dtype  # of the activations it is served with, and of its outputs
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    @property
+    def device(self) -> torch.device:
+        return next(t.device for t in (*self.parameters(), *self.buffers()))
+
+    @property
+    def format_key(self) -> str:
+        """The method and its parameters as the dispatch table keys them, e.g. `int4/g64`, `Q4_1`."""
+        return self.method
+
+    @abstractmethod
+    def dequantize(self) -> Tensor:
+        """[out, in] float32: exactly the values the stored form stands for."""
+
+    @abstractmethod
+    def dequantize_rows(self, rows: Tensor) -> Tensor:
+        """rows: [n] int64 output rows -> [n, in] float32 (an embedding lookup reads these)."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes the stored form occupies."""
+
+    def backends(self) -> Mapping[str, LinearFn]:
+        """Name -> matmul over the stored form, "reference" and "dequant" included."""
+        return COMMON_BACKENDS
+
+    def embedding(self, ids: Tensor) -> Tensor:
+        """ids: [tokens] int64 -> [tokens, in] in the serving dtype (rows of W as an embedding table)."""
+        return self.dequantize_rows(ids).to(self.dtype)
+
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x: [rows, in] -> [rows, out] in x's dtype."""
+        backends = self.backends()
+        for name in dispatch.backend_order(self, x):
+            fn = backends.get(name)  # the table may name a backend this format lacks (torch's, for GGUF)
+            out = fn(self, x, bias) if fn is not None else None
+            if out is not None:
+                return out
+        return reference_linear(self, x, bias)
+
+    @classmethod
+    def concat_rows(cls, parts: Sequence[LinearWeight]) -> LinearWeight | None:
+        """One weight holding `parts` stacked along the output rows, or None when their storage does not
+        allow it (then the layer runs them side by side, see StackedLinearWeight)."""
+        return None
+
+
+def reference_linear(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor:
+    """The float32 matmul on the float32 dequantization, rounded once to x's dtype."""
+    out = F.linear(x.float(), weight.dequantize().to(x.device), None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def dequant_linear(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor:
+    """Dequantize into x's dtype, then torch's matmul (for many rows, where the rebuild is amortised)."""
+    return F.linear(x, weight.dequantize().to(device=x.device, dtype=x.dtype), bias)
+
+
+COMMON_BACKENDS: Mapping[str, LinearFn] = MappingProxyType({"reference": reference_linear, "dequant": dequant_linear})
+
+
+def with_common(backends: Mapping[str, LinearFn]) -> Mapping[str, LinearFn]:
+    """A format's own backends next to the common ones."""
+    return MappingProxyType({**COMMON_BACKENDS, **backends})
+
+
+class StackedLinearWeight(LinearWeight):
+    """Projections whose storage cannot be concatenated (two GGUF block types, say) run one after the other
+    on the same input; their outputs are concatenated, as one fused weight's would be."""
+
+    method = "stacked"
+
+    def __init__(self, parts: Sequence[LinearWeight]) -> None:
+        first = parts[0]
+        if any(p.in_features != first.in_features for p in parts):
+            raise ValueError("stacked projections must read the same input features")
+        super().__init__(sum(p.out_features for p in parts), first.in_features, first.dtype)
+        self.parts = nn.ModuleList(parts)
+
+    def dequantize(self) -> Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def dequantize_rows(self, rows: Tensor) -> Tensor:
+        return self.dequantize().index_select(0, rows)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        out = torch.cat([p(x) for p in self.parts], dim=-1)  # [rows, out]
+        return out if bias is None else out + bias
+
+
+def concat_rows(parts: Sequence[LinearWeight]) -> LinearWeight:
+    """`parts` stacked along the output rows: fused into one weight when their format allows it."""
+    if len(parts) == 1:
+        return parts[0]
+    first = type(parts[0])
+    if all(type(p) is first for p in parts):
+        fused = first.concat_rows(parts)
+        if fused is not None:
+            return fused
+    return StackedLinearWeight(parts)

@@ -1,0 +1,66 @@
+"""GGUF Q4_0 / Q4_1 blocks re-laid as int4 tiles at load, so torch's int4 kernel multiplies them
+(docs/architecture.md, "Weight formats").
+
+Both types are 4-bit groups of 32 with one scale, which is int4's form W = (q - 8) * scale + zero:
+    Q4_0: w = d (q - 8)   -> scale d, zero 0
+    Q4_1: w = d q + m     -> scale d, zero m + 8 d
+The nibbles move unchanged and the storage is as large (Q4_1: 20 bytes per 32 weights either way); d and
+m, float16 in the file, are held in the serving dtype, so in bfloat16 they round to 8 significant bits
+(in float32 the weights equal the file's up to the rounding of m + 8 d). Other block types keep their
+own kernels (gguf_weight.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tgictl.kernels.linear_methods.base import LinearWeight
+from tgictl.kernels.linear_methods.gguf_types import block_f16, block_nibbles
+from tgictl.kernels.linear_methods.gguf_weight import GGUFWeight
+from tgictl.kernels.linear_methods.int4 import TILE_ROWS, Int4Weight, torch_layout_matches
+from tgictl.log import get_logger
+
+log = get_logger(__name__)
+
+GROUP = 32
+REPACKED_TYPES: frozenset[str] = frozenset({"Q4_0", "Q4_1"})
+
+
+def repackable(weight: LinearWeight) -> bool:
+    """Whether `weight` is Q4_0/Q4_1 blocks that torch's int4 kernel can serve on this machine."""
+    return (isinstance(weight, GGUFWeight) and weight.block_type.name in REPACKED_TYPES
+            and weight.data.device.type == "cpu" and torch_layout_matches())
+
+
+def as_int4_tiles(weight: GGUFWeight) -> Int4Weight:
+    """The same 4-bit weights as int4 tiles of group 32, scales in the weight's serving dtype."""
+    n, k = weight.shape
+    blocks = weight.data.reshape(-1, weight.block_type.type_size)
+    d = block_f16(blocks, 0)  # [n * k / 32, 1] float32
+    if weight.block_type.name == "Q4_1":
+        q, zero = block_nibbles(blocks[:, 4:], 16), block_f16(blocks, 2) + 8 * d
+    else:
+        q, zero = block_nibbles(blocks[:, 2:], 16), torch.zeros_like(d)
+    n_pad = -(-n // TILE_ROWS) * TILE_ROWS
+    rows = (0, 0, 0, n_pad - n)  # padded rows: q 0 at scale 1 and zero 8, a weight of 0
+    scale = F.pad(d.view(n, k // GROUP), rows, value=1.0).to(weight.dtype)
+    zero = F.pad(zero.view(n, k // GROUP), rows, value=8.0).to(weight.dtype)
+    return Int4Weight.from_groups(F.pad(q.reshape(n, k), rows), scale, zero, GROUP, n, k)
+
+
+@functools.cache
+def _say_once(dtype: torch.dtype) -> None:
+    log.info("GGUF Q4_0/Q4_1 blocks are held as int4 tiles (group 32, scales in %s) for torch's int4 kernel",
+             str(dtype).removeprefix("torch."))
+
+
+def served_form(weight: LinearWeight) -> LinearWeight:
+    """`weight` as the shard serves it: Q4_0/Q4_1 as int4 tiles where torch's kernel reads them."""
+    if not repackable(weight):
+        return weight
+    _say_once(weight.dtype)
+    return as_int4_tiles(weight)  # type: ignore[arg-type]

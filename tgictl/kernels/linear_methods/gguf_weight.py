@@ -1,0 +1,76 @@
+"""A GGUF tensor kept in its quantized blocks: W [out, in] as out rows of in / block_size blocks.
+
+The matmul reads the blocks directly (csrc/gguf_linear.c); the reference dequantizes them with
+gguf_types.py. Tensor-parallel slicing is on the blocks: any output rows, input columns only on block
+boundaries (`slice_columns` answers None elsewhere and the loader dequantizes that slice instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from tgictl.kernels.linear_methods.base import LinearFn, LinearWeight, with_common
+from tgictl.kernels.linear_methods.gguf_types import BlockType
+from tgictl.kernels.linear_methods.native import quant_kernels
+
+
+class GGUFWeight(LinearWeight):
+    method = "gguf"
+
+    def __init__(self, data: Tensor, block_type: BlockType, in_features: int, dtype: torch.dtype) -> None:
+        super().__init__(data.shape[0], in_features, dtype)
+        if in_features % block_type.block_size or data.shape[1] != in_features // block_type.block_size * block_type.type_size:
+            raise ValueError(f"{block_type.name} rows of {in_features} weights need "
+                             f"{in_features // block_type.block_size * block_type.type_size} bytes, not {data.shape[1]}")
+        self.block_type = block_type
+        self.register_buffer("data", data)  # [out, in / block_size * type_size] uint8
+
+    @property
+    def format_key(self) -> str:
+        return self.block_type.name
+
+    def dequantize(self) -> Tensor:
+        return self.block_type.dequantize(self.data)
+
+    def dequantize_rows(self, rows: Tensor) -> Tensor:
+        return self.block_type.dequantize(self.data.index_select(0, rows))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def backends(self) -> Mapping[str, LinearFn]:
+        return GGUF_BACKENDS
+
+    def slice_rows(self, start: int, stop: int) -> GGUFWeight:
+        return GGUFWeight(self.data[start:stop].contiguous(), self.block_type, self.in_features, self.dtype)
+
+    def slice_columns(self, start: int, stop: int) -> GGUFWeight | None:
+        """Input columns [start, stop) as blocks, or None when they do not start and end on block boundaries."""
+        size, width = self.block_type.block_size, self.block_type.type_size
+        if start % size or stop % size:
+            return None
+        part = self.data[:, start // size * width : stop // size * width].contiguous()
+        return GGUFWeight(part, self.block_type, stop - start, self.dtype)
+
+    @classmethod
+    def concat_rows(cls, parts: Sequence[LinearWeight]) -> LinearWeight | None:
+        typed = [p for p in parts if isinstance(p, GGUFWeight)]
+        first = typed[0]
+        if any(p.block_type != first.block_type or p.in_features != first.in_features for p in typed):
+            return None
+        return cls(torch.cat([p.data for p in typed]), first.block_type, first.in_features, first.dtype)
+
+
+def _native_gguf(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor | None:
+    assert isinstance(weight, GGUFWeight)
+    kernels = quant_kernels()
+    if kernels is None:
+        return None
+    return kernels.gguf_linear(x, weight.data, weight.block_type.native_id, weight.in_features, bias)
+
+
+GGUF_BACKENDS: Mapping[str, LinearFn] = with_common({"native": _native_gguf})

@@ -1,0 +1,110 @@
+"""The quantized linears' C kernels (csrc/quant_linear.c, csrc/gguf_linear.c), bound from the library that
+kernels/native.py builds once per machine. None where that library is unavailable: the formats then
+keep torch's kernels and their pure-torch reference."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tgictl.kernels.native import load_native_kernels
+
+CFunction = ctypes._CFuncPtr  # type: ignore[name-defined]
+_SCALE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _ptr(tensor: Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _usable(x: Tensor, *stored: Tensor) -> bool:
+    return x.dim() == 2 and x.device.type == "cpu" and all(t.device.type == "cpu" and t.is_contiguous() for t in stored)
+
+
+def _inputs(x: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """x and bias as the kernels read them: contiguous float32 (a few rows, converted once)."""
+    return x.float().contiguous(), None if bias is None else bias.float().contiguous()
+
+
+@dataclass(frozen=True)
+class QuantKernels:
+    int8: CFunction
+    int4: CFunction
+    gguf: CFunction
+    gguf_decode: CFunction
+
+    def int8_linear(self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
+        """x [m, k] @ (qweight [n, k] int8 * scales [n])^T + bias -> [m, n] in x's dtype."""
+        if not _usable(x, qweight, scales) or scales.dtype not in _SCALE_DTYPES:
+            return None
+        x32, b32 = _inputs(x, bias)
+        m, k = x32.shape
+        n = qweight.shape[0]
+        y = torch.empty(m, n, dtype=torch.float32)
+        self.int8(x32.data_ptr(), qweight.data_ptr(), scales.data_ptr(), int(scales.dtype == torch.bfloat16),
+                  _ptr(b32), y.data_ptr(), m, n, k, torch.get_num_threads())
+        return y.to(x.dtype)
+
+    def int4_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
+                    bias: Tensor | None) -> Tensor | None:
+        """x [m, k] against int4 tiles (linear_methods/int4.py) -> [m, out_features] in x's dtype."""
+        if not _usable(x, packed, scales_zeros) or scales_zeros.dtype not in _SCALE_DTYPES:
+            return None
+        x32, b32 = _inputs(x, bias)
+        m, k = x32.shape
+        y = torch.empty(m, out_features, dtype=torch.float32)
+        status = self.int4(x32.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(),
+                           int(scales_zeros.dtype == torch.bfloat16), group_size, _ptr(b32), y.data_ptr(), m,
+                           out_features, k, packed.shape[1], torch.get_num_threads())
+        return y.to(x.dtype) if status == 0 else None
+
+    def gguf_linear(self, x: Tensor, data: Tensor, native_id: int, in_features: int,
+                    bias: Tensor | None) -> Tensor | None:
+        """x [m, k] against GGUF blocks data [n, row_bytes] of block type `native_id` -> [m, n] in x's dtype."""
+        if not _usable(x, data):
+            return None
+        x32, b32 = _inputs(x, bias)
+        m = x32.shape[0]
+        n, row_bytes = data.shape
+        y = torch.empty(m, n, dtype=torch.float32)
+        status = self.gguf(native_id, x32.data_ptr(), data.data_ptr(), row_bytes, _ptr(b32), y.data_ptr(), m, n,
+                           in_features, torch.get_num_threads())
+        return y.to(x.dtype) if status == 0 else None
+
+    def gguf_dequantize(self, data: Tensor, native_id: int, in_features: int) -> Tensor | None:
+        """GGUF blocks data [n, row_bytes] -> [n, in_features] float32, decoded by the C kernel's own decoder."""
+        if data.device.type != "cpu" or not data.is_contiguous():
+            return None
+        n, row_bytes = data.shape
+        out = torch.empty(n, in_features, dtype=torch.float32)
+        status = self.gguf_decode(native_id, data.data_ptr(), row_bytes, out.data_ptr(), n, in_features,
+                                  torch.get_num_threads())
+        return out if status == 0 else None
+
+
+def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
+    p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    signatures: dict[str, tuple[list[type], type | None]] = {
+        "tgictl_qlinear_int8": ([p, p, p, c_int, p, p, i64, i64, i64, c_int], None),
+        "tgictl_qlinear_int4": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_gguf_dequantize": ([c_int, p, i64, p, i64, i64, c_int], c_int),
+    }
+    functions = []
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(library, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+        functions.append(fn)
+    return QuantKernels(*functions)
+
+
+@functools.cache
+def quant_kernels() -> QuantKernels | None:
+    """The bound kernels, or None when the native library is unavailable (kernels/native.py said why)."""
+    native = load_native_kernels()
+    return None if native is None else bind_quant_kernels(native.library)

@@ -1,0 +1,122 @@
+"""Tiny GGUF models for tests, written the way llama.cpp's converter writes them: a tiny random model of
+tiny_models.py, its tensors renamed to GGUF names, llama's q/k rows permuted, projections in chosen block
+types (gguf.quants.quantize where gguf-py can, else blocks by their spec: tgictl/testing/gguf_blocks.py),
+norms in F32, and the byte-level BPE tokenizer with its chat template in the metadata.
+
+transformers loads these files (dequantizing them), which makes it the oracle for the native path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tgictl.testing.gguf_blocks import quantized_blocks
+from tgictl.testing.tiny_models import BOS_TOKEN, CHATML_TEMPLATE, EOS_TOKEN, SPECIAL_TOKENS, write_tiny_model
+
+# family -> GGUF general.architecture
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+TypeChoice = Callable[[str], str]  # GGUF tensor name -> type name ("F32", "Q4_0", ...)
+# transformers reads no head size from a qwen3 GGUF (its config default, 128, applies): heads of 128 there.
+_HEADS: dict[str, dict[str, int]] = {
+    "llama": {"num_heads": 4, "num_kv_heads": 2},
+    "mistral": {"num_heads": 4, "num_kv_heads": 2},
+    "qwen2": {"num_heads": 4, "num_kv_heads": 2},
+    "qwen3": {"num_heads": 2, "num_kv_heads": 1},
+}
+
+
+def every_projection(type_name: str) -> TypeChoice:
+    """One block type for every matrix (embedding and LM head included), F32 for the rest."""
+    return lambda name: type_name if name.endswith(".weight") and "norm" not in name else "F32"
+
+
+def llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` of q/k rows (the inverse of transformers')."""
+    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
+        weights.shape
+    )
+
+
+def _add_metadata(writer: Any, arch: str, config: dict[str, Any], model_dir: Path) -> None:
+    writer.add_name("tiny test model")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    rope = config.get("rope_parameters") or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    writer.add_vocab_size(config["vocab_size"])
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab: dict[str, int] = dict(tokenizer["model"]["vocab"])
+    for added in tokenizer["added_tokens"]:
+        vocab[added["content"]] = added["id"]
+    tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")  # the tiny tokenizer's split is Qwen2's
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if token in SPECIAL_TOKENS else 1 for token in tokens])  # 3: control
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(vocab[BOS_TOKEN])
+    writer.add_eos_token_id(vocab[EOS_TOKEN])
+    writer.add_pad_token_id(vocab[BOS_TOKEN])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+
+def write_tiny_gguf(path: Path, family: str = "llama", *, types: TypeChoice | None = None, seed: int = 0,
+                    work_dir: Path | None = None, **model_options: Any) -> Path:
+    """Write a tiny `family` model as the GGUF file `path` and return `path`.
+
+    types: the block type of each GGUF tensor (default Q8_0 matrices, F32 norms and biases). Matrices
+    must have input sizes in multiples of the block size: 256 for the K-quants (hidden_size=256).
+    work_dir: where the intermediate safetensors model is written (default: next to `path`).
+    """
+    import gguf
+    from safetensors.numpy import load_file
+
+    arch_name = ARCHITECTURES[family]
+    arch = {name: value for value, name in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
+    options = {"hidden_size": 256, "intermediate_size": 512, **_HEADS[family], **model_options}
+    source = write_tiny_model((work_dir or path.parent) / f"{path.stem}-source", family, seed=seed, **options)
+    config = json.loads((source / "config.json").read_text())
+    tensors = load_file(str(source / "model.safetensors"))
+    choose = types or every_projection("Q8_0")
+    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    heads = {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
+    rng = np.random.default_rng(seed)
+
+    writer = gguf.GGUFWriter(str(path), arch_name)
+    _add_metadata(writer, arch_name, config, source)
+    for hf_name, value in sorted(tensors.items()):
+        stem, _, suffix = hf_name.rpartition(".")
+        gguf_name = f"{names.get_name(stem)}.{suffix}"
+        data = value.astype(np.float32)
+        if arch_name == "llama":
+            for marker, count in heads.items():
+                if marker in gguf_name:
+                    data = llama_permute(data, count)
+        type_name = choose(gguf_name) if data.ndim == 2 else "F32"
+        if type_name == "F32":
+            writer.add_tensor(gguf_name, data)
+        elif type_name == "F16":
+            writer.add_tensor(gguf_name, data.astype(np.float16))
+        else:
+            qtype = gguf.GGMLQuantizationType[type_name]
+            writer.add_tensor(gguf_name, quantized_blocks(type_name, data, rng), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
