@@ -37,8 +37,10 @@ from tgictl.env import read_env
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(
-    Path(__file__).with_name("csrc") / name for name in ("paged_decode.c", "small_linear.c", "shm_collectives.c")
+    Path(__file__).with_name("csrc") / name
+    for name in ("paged_decode.c", "small_linear.c", "shm_collectives.c", "fused_layers.c")
 )
+_HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("bf16.h", "exp.h"))
 # Reassociation lets the dot products and sums vectorise (the kernel has no order-sensitive sums
 # beyond float rounding); -ffp-contract=fast gives fused multiply-adds, which -std=c11 turns off;
 # no -ffast-math: infinities and NaN keep their meaning.
@@ -60,6 +62,14 @@ class NativeKernels:
     shm_register: ctypes._CFuncPtr  # type: ignore[name-defined]
     shm_all_reduce: ctypes._CFuncPtr  # type: ignore[name-defined]
     shm_all_gather: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # The decoder's fused elementwise steps and the greedy choice (kernels/fused.py calls them).
+    rmsnorm_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rmsnorm_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    silu_mul_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    silu_mul_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rotary_store_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rotary_store_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    greedy_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -122,7 +132,7 @@ def _cpu_flags() -> str:
 
 
 def _build(compiler: str, cache_dir: Path) -> Path:
-    sources = [path.read_bytes() for path in (*_SOURCES, _SOURCES[0].with_name("bf16.h"))]
+    sources = [path.read_bytes() for path in (*_SOURCES, *_HEADERS)]
     key = hashlib.sha256(b"\0".join([*sources, _compiler_identity(compiler).encode(), _cpu_flags().encode(),
                                      " ".join(_FLAGS).encode()])).hexdigest()[:16]
     target = cache_dir / f"tgictl-kernels-{key}.so"
@@ -159,10 +169,19 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_shm_all_reduce": [p, c_int, c_int, i64, u64, p, i64, c_int, f64],
         "tgictl_shm_all_gather": [p, c_int, c_int, i64, u64, p, i64, p, f64],
     }
-    for name, argtypes in signatures.items():
+    fused: dict[str, tuple[list[type], type | None]] = {
+        "tgictl_rmsnorm_f32": ([p, p, p, p, p, i64, i64, f32, c_int], None),
+        "tgictl_rmsnorm_bf16": ([p, p, p, p, p, i64, i64, f32, c_int], None),
+        "tgictl_silu_mul_f32": ([p, p, i64, i64, c_int], None),
+        "tgictl_silu_mul_bf16": ([p, p, i64, i64, c_int], None),
+        "tgictl_rotary_store_f32": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_rotary_store_bf16": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_greedy_f32": ([p, i64, i64, p, p, c_int], i64),
+    }
+    for name, (argtypes, restype) in {**{k: (v, c_int) for k, v in signatures.items()}, **fused}.items():
         fn = getattr(library, name)
         fn.argtypes = argtypes
-        fn.restype = c_int
+        fn.restype = restype
         functions.append(fn)
     return NativeKernels(path, *functions)
 

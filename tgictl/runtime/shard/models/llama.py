@@ -50,8 +50,8 @@ class DecoderLayer(nn.Module):
         """hidden: [tokens, hidden] -> [tokens, hidden], or [n, hidden] for `rows` [n] when given."""
         attended = self.attention(self.input_norm(hidden), cos, sin, slots, key_cache, value_cache, meta, rows)
         residual = hidden if rows is None else hidden.index_select(0, rows)
-        hidden = residual + attended
-        return hidden + self.mlp(self.post_attention_norm(hidden))
+        hidden, normed = self.post_attention_norm.add_forward(residual, attended)  # the add and the norm, one pass
+        return hidden + self.mlp(normed)
 
 
 class LlamaForCausalLM(CausalLM):
