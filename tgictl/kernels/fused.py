@@ -19,10 +19,10 @@ from tgictl.kernels.native import NativeKernels, load_native_kernels
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _native_for(*tensors: Tensor) -> NativeKernels | None:
-    """The kernels when every tensor is a contiguous CPU float32/bf16 tensor of one dtype."""
+def _native_for(*tensors: Tensor, dtypes: tuple[torch.dtype, ...] = _NATIVE_DTYPES) -> NativeKernels | None:
+    """The kernels when every tensor is a contiguous CPU tensor of one dtype among `dtypes`."""
     dtype = tensors[0].dtype
-    if dtype not in _NATIVE_DTYPES:
+    if dtype not in dtypes:
         return None
     for t in tensors:
         if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
@@ -38,18 +38,21 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None)
     """(s, rmsnorm(s) * weight) with s = x + delta (rounded to x's dtype), or s = x without delta.
 
     x, delta: [..., dim]; weight: [dim]. None when it cannot run natively.
+
+    bf16 only: in float32, the oracle dtype, the norm must equal transformers' bit for bit, and the
+    statistics' float32 sum differs from torch's in its last bit about half the time (torch's
+    reduction order is its own); in bf16 the result rounds to the same values.
     """
     parts = (x, weight) if delta is None else (x, weight, delta)
-    native = _native_for(*parts)
+    native = _native_for(*parts, dtypes=(torch.bfloat16,))
     dim = weight.shape[0]
     if native is None or x.shape[-1] != dim or (delta is not None and delta.shape != x.shape):
         return None
     rows = x.numel() // dim
     out = torch.empty_like(x)
     total = x if delta is None else torch.empty_like(x)
-    fn = native.rmsnorm_bf16 if _bf16(x.dtype) else native.rmsnorm_f32
-    fn(x.data_ptr(), None if delta is None else delta.data_ptr(), None if delta is None else total.data_ptr(),
-       weight.data_ptr(), out.data_ptr(), rows, dim, eps, torch.get_num_threads())
+    delta_ptr, total_ptr = (None, None) if delta is None else (delta.data_ptr(), total.data_ptr())
+    native.rmsnorm_bf16(x.data_ptr(), delta_ptr, total_ptr, weight.data_ptr(), out.data_ptr(), rows, dim, eps, torch.get_num_threads())
     return total, out
 
 

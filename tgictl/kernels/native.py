@@ -63,7 +63,6 @@ class NativeKernels:
     shm_all_reduce: ctypes._CFuncPtr  # type: ignore[name-defined]
     shm_all_gather: ctypes._CFuncPtr  # type: ignore[name-defined]
     # The decoder's fused elementwise steps and the greedy choice (kernels/fused.py calls them).
-    rmsnorm_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     rmsnorm_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     silu_mul_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     silu_mul_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
@@ -170,7 +169,6 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_shm_all_gather": [p, c_int, c_int, i64, u64, p, i64, p, f64],
     }
     fused: dict[str, tuple[list[type], type | None]] = {
-        "tgictl_rmsnorm_f32": ([p, p, p, p, p, i64, i64, f32, c_int], None),
         "tgictl_rmsnorm_bf16": ([p, p, p, p, p, i64, i64, f32, c_int], None),
         "tgictl_silu_mul_f32": ([p, p, i64, i64, c_int], None),
         "tgictl_silu_mul_bf16": ([p, p, i64, i64, c_int], None),

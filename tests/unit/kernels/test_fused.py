@@ -1,8 +1,8 @@
 """The compiled elementwise kernels (kernels/fused.py) against the torch ops they replace: RMSNorm with
 and without the residual add, SiLU*mul, rotary + KV store, and the greedy choice with its logprob.
 
-bf16 results must be the torch ops' own bf16 values (at most one bf16 step apart where only the
-order of a float32 sum differs); float32 within float rounding."""
+bf16 results must be the torch ops' own bf16 values (at most one bf16 step apart, rarely, where only
+the order of a float32 sum differs); float32 within float rounding."""
 
 from __future__ import annotations
 
@@ -34,14 +34,14 @@ def _close(native: Tensor, torch_ops: Tensor) -> None:
         diff = (native.float() - torch_ops.float()).abs()
         step = torch_ops.float().abs().clamp_min(1e-30) * 2.0**-7
         assert bool((diff <= step).all())
-        assert (native != torch_ops).float().mean().item() < 0.01
+        assert (native != torch_ops).float().mean().item() < 1e-3
     else:
         torch.testing.assert_close(native, torch_ops, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", NORM_SHAPES)
-def test_rms_norm_matches_the_torch_ops(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+def test_rms_norm_matches_the_torch_ops(shape: tuple[int, int]) -> None:
+    dtype = torch.bfloat16
     gen = torch.Generator().manual_seed(shape[0])
     norm = RMSNorm((torch.rand(shape[1], generator=gen) + 0.5).to(dtype), eps=1e-5)
     x = (torch.randn(shape, generator=gen) * 3).to(dtype)
@@ -52,9 +52,9 @@ def test_rms_norm_matches_the_torch_ops(dtype: torch.dtype, shape: tuple[int, in
     _close(norm(x), norm.torch_forward(x))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", NORM_SHAPES)
-def test_residual_add_and_norm_match_the_torch_ops(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+def test_residual_add_and_norm_match_the_torch_ops(shape: tuple[int, int]) -> None:
+    dtype = torch.bfloat16
     gen = torch.Generator().manual_seed(7 + shape[0])
     norm = RMSNorm((torch.rand(shape[1], generator=gen) + 0.5).to(dtype), eps=1e-6)
     x, delta = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
@@ -114,7 +114,10 @@ def test_rotary_store_refuses_a_slot_outside_the_cache_and_writes_nothing() -> N
 def test_inputs_the_kernels_do_not_take_fall_back_to_torch() -> None:
     x = torch.randn(4, 64, dtype=torch.float16)
     assert fused.rms_norm(x, torch.ones(64, dtype=torch.float16), 1e-5) is None
-    assert fused.rms_norm(torch.randn(64, 4).t(), torch.ones(4), 1e-5) is None  # not contiguous
+    # float32 norms stay torch's: they must equal transformers' bit for bit (test_layers.py)
+    assert fused.rms_norm(torch.randn(4, 64), torch.ones(64), 1e-5) is None
+    bf16 = torch.randn(64, 4, dtype=torch.bfloat16)
+    assert fused.rms_norm(bf16.t(), torch.ones(64, dtype=torch.bfloat16), 1e-5) is None  # not contiguous
     assert fused.silu_mul(torch.randn(3, 7)) is None  # odd width: not a gate|up pair
     assert fused.greedy(torch.randn(3, 10, dtype=torch.bfloat16)) is None
     qkv, cos, sin, slots = _rotary_case(torch.float32, 3, 4, 2, 8)

@@ -6,7 +6,7 @@
  * one call, with the same arithmetic and the same roundings as the torch ops it replaces:
  *
  *   rmsnorm:       [sum = x + delta, rounded to T,] out = w * T(sum * rsqrt(mean(sum^2) + eps))
- *                  (statistics in float32: transformers' LlamaRMSNorm)
+ *                  (statistics in float32: transformers' LlamaRMSNorm); bf16 only, see fused.py
  *   silu_mul:      out = T(T(silu(gate)) * up) from the fused gate|up projection's rows
  *   rotary_store:  q and k rotated ("rotate half": transformers' apply_rotary_pos_emb, each product
  *                  rounded to T as torch's bf16 ops round them), q written out, k and v stored in
@@ -60,7 +60,6 @@ static inline float store_f32(float x) { return x; }
         }                                                                                                \
     }
 
-DEFINE_RMSNORM(tgictl_rmsnorm_f32, float, load_f32, store_f32, round_f32)
 DEFINE_RMSNORM(tgictl_rmsnorm_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
 
 /* silu(g) = g / (1 + e^-g), with e^-|g| so the exponential never overflows:
