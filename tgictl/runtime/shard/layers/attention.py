@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from tgictl import kernels
-from tgictl.kernels import fused
-from tgictl.kernels import AttentionMetadata
+from tgictl.kernels import AttentionMetadata, fused
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.layers.norm import RMSNorm
 from tgictl.runtime.shard.layers.rotary import apply_rotary
