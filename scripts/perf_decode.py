@@ -61,6 +61,31 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
     return tuple(out)
 
 
+def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int,
+                 new_tokens: int) -> tuple[CausalLM, ModelRunner, ShardBatch]:
+    """The model, its runner and a decode batch of `batch` random prompts of `context` tokens, each
+    prefilled alone (whole prompt) and then concatenated: the decode batch of a server, with room
+    for `new_tokens` more tokens per row."""
+    model = load_model(model_dir, dtype=dtype, device=torch.device("cpu"), dist=DistContext.single())
+    requests = _requests(batch, context, new_tokens, model.config.vocab_size)
+    blocks = 1 + batch * -(-(context + new_tokens) // BLOCK)
+    runner = ModelRunner(
+        model, model.allocate_kv_cache(blocks, BLOCK), block_size=BLOCK, dist=DistContext.single(),
+        device=torch.device("cpu"),
+    )
+    parts = []
+    for request in requests:
+        part = ShardBatch.from_batch(
+            Batch(id=request.id, requests=(request,)), block_size=BLOCK, num_blocks=blocks,
+            vocab_size=model.config.vocab_size, device=torch.device("cpu"),
+        )
+        _, kept, _ = runner.generate_token(part)
+        if kept is None:
+            raise SystemExit("a prefill finished its request: new_tokens must be > 1")
+        parts.append(kept)
+    return model, runner, ShardBatch.concatenate(parts)
+
+
 def contiguous_step(model: CausalLM, ids: Tensor, position: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
     """The roofline: the same weights and math with each sequence's K/V contiguous in
     [batch, T, kv_heads, head_dim] per layer (no paging, no gather, no metadata, no sampling).
@@ -99,32 +124,18 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="also profile this many steps (torch.profiler)")
     parser.add_argument("--compare-native", action="store_true",
                         help="also time the bare forward with the compiled decode kernel off, alternating")
+    parser.add_argument("--compare-fused", action="store_true",
+                        help="also time the served step with the fused elementwise kernels and the greedy "
+                        "kernel (kernels/fused.py) off, alternating step by step")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = load_model(args.model_dir, dtype=dtype, device=torch.device("cpu"), dist=DistContext.single())
-    new_tokens = args.steps * 2 + args.profile + 8
-    requests = _requests(args.batch, args.context, new_tokens, model.config.vocab_size)
-    blocks = 1 + args.batch * -(-(args.context + new_tokens) // BLOCK)
-    runner = ModelRunner(
-        model, model.allocate_kv_cache(blocks, BLOCK), block_size=BLOCK, dist=DistContext.single(),
-        device=torch.device("cpu"),
-    )
-    vocab = model.config.vocab_size
-    # Prefill each request alone (whole prompt), then concatenate: the decode batch of a server.
-    parts = []
+    new_tokens = args.steps * (4 if args.compare_fused else 2) + args.profile + 8
     prefill_start = time.perf_counter()
-    for request in requests:
-        part = ShardBatch.from_batch(
-            Batch(id=request.id, requests=(request,)), block_size=BLOCK, num_blocks=blocks, vocab_size=vocab,
-            device=torch.device("cpu"),
-        )
-        _, kept, _ = runner.generate_token(part)
-        assert kept is not None
-        parts.append(kept)
+    model, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, new_tokens)
     prefill_tps = args.batch * args.context / (time.perf_counter() - prefill_start)
-    batch = ShardBatch.concatenate(parts)
+    vocab = model.config.vocab_size
 
     # bare forward: metadata built once, outside the timing; same cache and context length
     ctx = batch.rows[0].cache_len
@@ -192,6 +203,21 @@ def main() -> None:
         native_s, torch_s = statistics.median(with_native), statistics.median(torch_only)
         print(f"bare forward, decode attention compiled ({'on' if loader() else 'unavailable'}): "
               f"{native_s * 1e3:.1f} ms; torch ops: {torch_s * 1e3:.1f} ms ({torch_s / native_s:.2f}x)", flush=True)
+    if args.compare_fused:
+        import tgictl.kernels.fused as fused
+
+        loader = fused.load_native_kernels
+        with_fused: list[float] = []
+        torch_ops: list[float] = []
+        for _ in range(args.steps):
+            with_fused.append(timed(lambda: runner.generate_token(batch)))
+            fused.load_native_kernels = lambda: None  # type: ignore[assignment]
+            torch_ops.append(timed(lambda: runner.generate_token(batch)))
+            fused.load_native_kernels = loader
+        fused_s, torch_s = statistics.median(with_fused), statistics.median(torch_ops)
+        print(f"served step, fused kernels on: {fused_s * 1e3:.1f} ms ({args.batch / fused_s:.0f} tok/s); "
+              f"off (torch ops): {torch_s * 1e3:.1f} ms ({args.batch / torch_s:.0f} tok/s): "
+              f"{torch_s / fused_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -63,6 +63,13 @@ class NativeKernels:
     shm_register: ctypes._CFuncPtr  # type: ignore[name-defined]
     shm_all_reduce: ctypes._CFuncPtr  # type: ignore[name-defined]
     shm_all_gather: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # The decoder's fused elementwise steps and the greedy choice (kernels/fused.py calls them).
+    rmsnorm_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    silu_mul_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    silu_mul_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rotary_store_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rotary_store_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    greedy_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -164,10 +171,18 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_shm_all_reduce": [p, c_int, c_int, i64, u64, p, i64, c_int, f64],
         "tgictl_shm_all_gather": [p, c_int, c_int, i64, u64, p, i64, p, f64],
     }
-    for name, argtypes in signatures.items():
+    fused: dict[str, tuple[list[type], type | None]] = {
+        "tgictl_rmsnorm_bf16": ([p, p, p, p, p, i64, i64, f32, c_int], None),
+        "tgictl_silu_mul_f32": ([p, p, i64, i64, c_int], None),
+        "tgictl_silu_mul_bf16": ([p, p, i64, i64, c_int], None),
+        "tgictl_rotary_store_f32": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_rotary_store_bf16": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_greedy_f32": ([p, i64, i64, p, p, c_int], i64),
+    }
+    for name, (argtypes, restype) in {**{k: (v, c_int) for k, v in signatures.items()}, **fused}.items():
         fn = getattr(library, name)
         fn.argtypes = argtypes
-        fn.restype = c_int
+        fn.restype = restype
         functions.append(fn)
     return NativeKernels(path, library, *functions)
 

@@ -119,14 +119,15 @@ class ModelRunner:
             expansion = expand(chooser, history, generated, [row.draft for row in rows], self.device)
             chooser, history, steps, starts = expansion.chooser, expansion.history, expansion.steps, expansion.starts
             allowed = allowed.index_select(0, expansion.row_of) if allowed is not None else None
-        with torch.inference_mode():
-            chosen = chooser(sample_logits, history, steps, allowed)
         # Every rank computes every row; only rank 0 reports (generate.proto), so only it needs the
         # top-n lists and prompt logprobs. The others keep the rows' state in step.
         reports = self.dist.rank == 0
         top_n = [row.request.top_n_tokens if emit else 0 for row, emit in zip(rows, emits)]
+        wants_top = reports and any(top_n)
+        with torch.inference_mode():
+            chosen = chooser(sample_logits, history, steps, allowed, distribution=wants_top)
         per_position = [n for n, row in zip(top_n, rows) for _ in range(1 + len(row.draft))]
-        top = top_n_tokens(chosen.log_probs, per_position) if reports and any(top_n) else None
+        top = top_n_tokens(chosen.log_probs, per_position) if wants_top and chosen.log_probs is not None else None
         prompt_lps, prompt_tops = self._prompt_logprobs(logits, inputs, rows) if reports else ({}, {})
         next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
         next_lps: list[float] = chosen.logprobs.tolist()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from tgictl import kernels
-from tgictl.kernels import AttentionMetadata
+from tgictl.kernels import AttentionMetadata, fused
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.layers.norm import RMSNorm
 from tgictl.runtime.shard.layers.rotary import apply_rotary
@@ -83,6 +83,24 @@ class PagedAttention(nn.Module):
         tokens = hidden.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(hidden)  # [tokens, (h + 2 * kvh) * d]
+        q = None
+        if self.q_norm is None:  # rotary and the KV store in one compiled pass where it can run
+            q = fused.rotary_store_kv(qkv, cos, sin, slots, key_cache, value_cache, h, kvh)
+        if q is None:
+            q = self.torch_rotary_store(qkv, cos, sin, slots, key_cache, value_cache)
+        out = kernels.attention(q, key_cache, value_cache, meta, self.scale)  # [tokens, h, d]
+        out = out.reshape(tokens, h * d)
+        if rows is not None:
+            out = out.index_select(0, rows)
+        return self.o_proj(out)
+
+    def torch_rotary_store(
+        self, qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, key_cache: Tensor, value_cache: Tensor
+    ) -> Tensor:
+        """The torch ops of rotary (after qwen3's q/k norms) and the KV store: the reference of
+        kernels/fused.py's rotary_store_kv. Returns q [tokens, h, d]."""
+        tokens = qkv.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         v = qkv[:, (h + kvh) * d :].view(tokens, kvh, d)
         if self.q_norm is None or self.k_norm is None:
             # q and k rotate together: one op over [tokens, h + kvh, d]
@@ -92,8 +110,4 @@ class PagedAttention(nn.Module):
             q = apply_rotary(self.q_norm(qkv[:, : h * d].view(tokens, h, d)), cos, sin)
             k = apply_rotary(self.k_norm(qkv[:, h * d : (h + kvh) * d].view(tokens, kvh, d)), cos, sin)
         kernels.store_kv(k, v, key_cache, value_cache, slots)
-        out = kernels.attention(q, key_cache, value_cache, meta, self.scale)  # [tokens, h, d]
-        out = out.reshape(tokens, h * d)
-        if rows is not None:
-            out = out.index_select(0, rows)
-        return self.o_proj(out)
+        return q

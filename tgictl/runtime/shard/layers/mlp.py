@@ -1,10 +1,14 @@
-"""Gated SiLU MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one column-parallel matmul."""
+"""Gated SiLU MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one column-parallel matmul.
+
+silu(gate) * up runs as one compiled call on CPU (kernels/fused.py); `torch_activation` is its reference.
+"""
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tgictl.kernels import fused
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.weights import Weights
 
@@ -31,5 +35,12 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [tokens, hidden] -> [tokens, hidden]."""
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # each [tokens, intermediate_per_rank]
-        return self.down(F.silu(gate) * up)
+        gate_up = self.gate_up(x)  # [tokens, 2 * intermediate_per_rank]: gate, then up
+        activated = fused.silu_mul(gate_up)
+        return self.down(self.torch_activation(gate_up) if activated is None else activated)
+
+    @staticmethod
+    def torch_activation(gate_up: Tensor) -> Tensor:
+        """[tokens, 2 * inter] -> silu(gate) * up [tokens, inter]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up

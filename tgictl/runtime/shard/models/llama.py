@@ -39,6 +39,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: Tensor,
+        delta: Tensor | None,
         cos: Tensor,
         sin: Tensor,
         slots: Tensor,
@@ -46,12 +47,19 @@ class DecoderLayer(nn.Module):
         value_cache: Tensor,
         meta: AttentionMetadata,
         rows: Tensor | None = None,
-    ) -> Tensor:
-        """hidden: [tokens, hidden] -> [tokens, hidden], or [n, hidden] for `rows` [n] when given."""
-        attended = self.attention(self.input_norm(hidden), cos, sin, slots, key_cache, value_cache, meta, rows)
+    ) -> tuple[Tensor, Tensor]:
+        """The residual stream is hidden + delta (delta: the previous layer's MLP output, None before
+        the first layer), added here together with the input norm, in one pass (docs/architecture.md,
+        "Decode step"). hidden, delta: [tokens, hidden]. Returns this layer's (hidden, delta), each
+        [tokens, hidden], or [n, hidden] for `rows` [n] when given."""
+        if delta is None:
+            normed = self.input_norm(hidden)
+        else:
+            hidden, normed = self.input_norm.add_forward(hidden, delta)
+        attended = self.attention(normed, cos, sin, slots, key_cache, value_cache, meta, rows)
         residual = hidden if rows is None else hidden.index_select(0, rows)
-        hidden = residual + attended
-        return hidden + self.mlp(self.post_attention_norm(hidden))
+        hidden, normed = self.post_attention_norm.add_forward(residual, attended)
+        return hidden, self.mlp(normed)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -94,11 +102,14 @@ class LlamaForCausalLM(CausalLM):
         hidden = self.embed(input_ids)  # [tokens, hidden]
         cos, sin = self.rotary(positions, seq_lens, hidden.dtype)  # [tokens, head_dim // 2]
         last = len(self.layers) - 1
+        delta: Tensor | None = None
         for i, layer in enumerate(self.layers):
             key_cache, value_cache = kv_cache.layer(i)
             rows = logit_indices if i == last else None  # after the last attention only these rows matter
-            hidden = layer(hidden, cos, sin, slots, key_cache, value_cache, meta, rows)
-        return self.lm_head(self.norm(hidden))  # [n, vocab] float32
+            hidden, delta = layer(hidden, delta, cos, sin, slots, key_cache, value_cache, meta, rows)
+        if delta is None:  # a model without layers
+            return self.lm_head(self.norm(hidden))
+        return self.lm_head(self.norm.add_forward(hidden, delta)[1])  # [n, vocab] float32
 
 
 class MistralForCausalLM(LlamaForCausalLM):

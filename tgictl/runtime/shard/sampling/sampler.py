@@ -4,7 +4,9 @@ Per step: the grammar mask (tokens a row's grammar forbids become -inf, before e
 penalties, warpers and seeds work unchanged on what is allowed) -> repetition penalty -> frequency penalty -> presence penalty -> temperature -> top_k ->
 top_p -> typical_p -> min_p -> choose (argmax for greedy rows, seeded inverse-CDF sampling for the
 others). A processor runs only when some row asks for it, and the sort-based warpers only on those
-rows; a greedy batch without penalties is a single argmax plus the log_softmax for logprobs.
+rows. A greedy batch without penalties, grammar masks or top-n requests never builds the [B, V]
+log_softmax: one compiled pass per row finds the first maximum and its logprob, -log(sum(exp(x - max)))
+(kernels/fused.py's greedy; the torch path below is its reference and its fallback).
 
 Returned logprobs (the chosen token's and the distribution top-n is read from) are the log_softmax of
 the RAW model logits, before penalties and warpers. TGI returns the warped distribution, so with
@@ -21,6 +23,7 @@ import torch
 from torch import Tensor
 
 from tgictl.errors import GenerationError
+from tgictl.kernels import fused
 from tgictl.proto.messages import SamplingParams
 from tgictl.runtime.shard.sampling import logits_processors as lp
 from tgictl.runtime.shard.sampling.inverse_cdf import draw
@@ -45,7 +48,7 @@ def needs_history(params: Sequence[SamplingParams]) -> bool:
 class ChooserOutput:
     next_ids: Tensor  # [B] int64
     logprobs: Tensor  # [B] float32: raw-logits logprob of the chosen token
-    log_probs: Tensor  # [B, V] float32: log_softmax of the raw logits (for top-n)
+    log_probs: Tensor | None  # [B, V] float32: log_softmax of the raw logits (for top-n); None if not asked
 
 
 class NextTokenChooser:
@@ -104,16 +107,22 @@ class NextTokenChooser:
         return cls(tuple(p for c in choosers for p in c.params), first.vocab_size, first.device)
 
     def __call__(
-        self, logits: Tensor, history: TokenHistory, steps: Tensor, allowed: Tensor | None = None
+        self, logits: Tensor, history: TokenHistory, steps: Tensor, allowed: Tensor | None = None,
+        distribution: bool = True,
     ) -> ChooserOutput:
         """logits: [B, V] float32; steps: [B] int64 tokens each row generated so far; allowed: [B, V]
-        bool, False where a row's grammar forbids the token (None: no row is constrained)."""
+        bool, False where a row's grammar forbids the token (None: no row is constrained);
+        distribution: whether the caller reads `log_probs` (top-n); without it a greedy batch may
+        skip the [B, V] log_softmax."""
         batch = len(self.params)
         if logits.shape != (batch, self.vocab_size):
             raise GenerationError(
                 f"NextTokenChooser: logits shape {tuple(logits.shape)} != ({batch}, {self.vocab_size})"
             )
         logits = logits.float()
+        if self.fast_path and allowed is None and not distribution \
+                and (greedy := fused.greedy(logits)) is not None:
+            return ChooserOutput(next_ids=greedy[0], logprobs=greedy[1], log_probs=None)
         log_probs = logits.log_softmax(dim=-1)  # [B, V] from the raw logits (module docstring)
         if allowed is not None:
             if allowed.shape != logits.shape:

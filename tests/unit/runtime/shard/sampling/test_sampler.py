@@ -42,6 +42,32 @@ def test_greedy_fast_path_is_argmax_with_ties_to_the_lowest_id() -> None:
     assert torch.equal(out.logprobs, logits.log_softmax(-1)[torch.arange(3), out.next_ids])
 
 
+def test_greedy_without_top_n_skips_the_distribution_and_matches_the_full_path() -> None:
+    logits = torch.randn(32, 49152, generator=torch.Generator().manual_seed(3)) * 4
+    logits[5, 11] = logits[5, 40000] = logits[5].max() + 1  # a tie: the lowest id, as argmax
+    chooser = NextTokenChooser.from_params([SamplingParams()] * 32, 49152, "cpu")
+    history = TokenHistory.from_sequences([[0]] * 32, 49152, "cpu", needed=False)
+    steps = torch.zeros(32, dtype=torch.int64)
+    full = chooser(logits, history, steps)
+    fast = chooser(logits, history, steps, distribution=False)
+    assert fast.log_probs is None and full.log_probs is not None
+    assert torch.equal(fast.next_ids, full.next_ids) and fast.next_ids[5].item() == 11
+    torch.testing.assert_close(fast.logprobs, full.logprobs, rtol=0, atol=1e-5)
+
+
+def test_the_distribution_is_kept_where_a_rule_or_a_mask_needs_it() -> None:
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4))
+    history = TokenHistory.from_sequences([[1], [2]], VOCAB, "cpu", needed=True)
+    steps = torch.zeros(2, dtype=torch.int64)
+    penalised = NextTokenChooser.from_params([SamplingParams(repetition_penalty=1.3)] * 2, VOCAB, "cpu")
+    assert penalised(logits, history, steps, distribution=False).log_probs is not None
+    greedy = NextTokenChooser.from_params([SamplingParams()] * 2, VOCAB, "cpu")
+    allowed = torch.ones(2, VOCAB, dtype=torch.bool)
+    allowed[:, logits.argmax(-1)] = False
+    masked = greedy(logits, history, steps, allowed, distribution=False)
+    assert masked.log_probs is not None and bool(allowed[0, masked.next_ids[0]])  # the mask was applied
+
+
 def test_top_k_one_equals_greedy() -> None:
     torch.manual_seed(0)
     logits = torch.randn(8, VOCAB)

@@ -1,0 +1,117 @@
+"""How close the shard's decode step comes to this machine's limit.
+
+    python scripts/engine_bound.py [--batch 32] [--context 256] [--dtype bfloat16] [--threads 2]
+
+Measures the DRAM read bandwidth (a sum over a tensor far larger than the caches) and the GEMM rate
+(square bf16/float32 matmuls at 2048, the best the cores reach, and the model's own projections at
+`--batch` rows), computes the step's bound from them (tgictl/runtime/profile/step_bound.py: the bytes
+it must stream and the FLOPs it must do), then times the real served step (ModelRunner.generate_token
+on a decode batch, scripts/perf_decode.py's setup) and prints the ratio bound / measured.
+Not a test: figures depend on the machine and its load (printed with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+from perf_decode import DEFAULT_MODEL, decode_batch  # noqa: E402
+
+from tgictl.runtime.profile.budgets import ModelShape, model_shape  # noqa: E402
+from tgictl.runtime.profile.hardware import measure_matmul_flops  # noqa: E402
+from tgictl.runtime.profile.step_bound import decode_step_bound  # noqa: E402
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a float32 sum over `gib` GiB (median of `repeats`): memory-bound on any CPU."""
+    data = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+    data.sum()  # touches every page once
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return data.numel() * 4 / statistics.median(times)
+
+
+def model_gemm_rate(shape: ModelShape, rows: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    """FLOP/s of the step's weight matmuls at `rows` rows: one layer's projections (timed once,
+    counted num_layers times) and the LM head, with torch's linear (what the shard calls)."""
+    h, d = shape.hidden_size, shape.head_dim
+    layer = [((shape.num_heads + 2 * shape.num_kv_heads) * d, h), (h, shape.num_heads * d),
+             (2 * shape.intermediate_size, h), (h, shape.intermediate_size)]
+    head = (shape.vocab_size, h)
+
+    def timed(shapes: list[tuple[int, int]]) -> tuple[int, float]:
+        weights = [torch.randn(out, k).to(dtype) for out, k in shapes]
+        inputs = [torch.randn(rows, k).to(dtype) for _, k in shapes]
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for x, w in zip(inputs, weights):
+                torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - start)
+        return sum(2 * rows * w.numel() for w in weights), statistics.median(times[1:])
+
+    layer_flops, layer_s = timed(layer)
+    head_flops, head_s = timed([head])
+    return (shape.num_layers * layer_flops + head_flops) / (shape.num_layers * layer_s + head_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=9, help="timed decode steps (median)")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    shape = model_shape(json.loads((args.model_dir / "config.json").read_text()))
+    load_before = os.getloadavg()[0]
+
+    bandwidth = read_bandwidth()
+    peak = measure_matmul_flops(args.dtype, size=2048, seconds=0.3, repeats=3).flops_per_s
+    at_batch = model_gemm_rate(shape, args.batch, dtype)
+    bound = decode_step_bound(shape, batch=args.batch, context=args.context, dtype_bytes=dtype.itemsize,
+                              bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=peak)
+    at_shapes = decode_step_bound(shape, batch=args.batch, context=args.context, dtype_bytes=dtype.itemsize,
+                                  bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=at_batch)
+
+    _, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, args.steps + 4)
+    times = []
+    for _ in range(args.steps + 2):
+        start = time.perf_counter()
+        _, kept, _ = runner.generate_token(batch)
+        times.append(time.perf_counter() - start)
+        if kept is None:
+            raise SystemExit("the batch finished early")
+        batch = kept
+    step = statistics.median(times[2:])
+    load = max(load_before, os.getloadavg()[0])
+    print(f"machine: {torch.get_num_threads()} threads, load {load:.2f}; DRAM read {bandwidth / 1e9:.1f} GB/s; "
+          f"{args.dtype} GEMM {peak / 1e9:.0f} GFLOP/s at 2048^3, {at_batch / 1e9:.0f} GFLOP/s at the model's "
+          f"shapes with {args.batch} rows")
+    print(f"step of {args.batch} x {args.context} cached: streams {bound.weight_bytes / 1e6:.0f} MB weights + "
+          f"{bound.kv_bytes / 1e6:.0f} MB KV -> {bound.memory_s * 1e3:.1f} ms; "
+          f"{(bound.gemm_flops + bound.attention_flops) / 1e9:.2f} GFLOP -> {bound.compute_s * 1e3:.1f} ms at the peak "
+          f"rate, {at_shapes.compute_s * 1e3:.1f} ms at the model-shape rate")
+    print(f"bound {bound.bound_s * 1e3:.1f} ms ({bound.limited_by}; {args.batch / bound.bound_s:.0f} tok/s); "
+          f"measured step {step * 1e3:.1f} ms ({args.batch / step:.0f} tok/s): {bound.bound_s / step:.0%} of the "
+          f"bound ({at_shapes.bound_s / step:.0%} of the bound at the model-shape GEMM rate)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+/* The decoder's elementwise steps fused into one pass each, on the CPU.
+ *
+ * At decode batch sizes a layer's elementwise work is tiny, and as torch ops it is ~40 calls per
+ * layer (casts, pow, mean, rsqrt, muls, chunk, cat, index_copy_), each a dispatch and a pass over
+ * memory; together they cost more than the layer's matmuls. Each kernel here does one such group in
+ * one call, with the same arithmetic and the same roundings as the torch ops it replaces:
+ *
+ *   rmsnorm:       [sum = x + delta, rounded to T,] out = w * T(sum * rsqrt(mean(sum^2) + eps))
+ *                  (statistics in float32: transformers' LlamaRMSNorm); bf16 only, see fused.py
+ *   silu_mul:      out = T(T(silu(gate)) * up) from the fused gate|up projection's rows
+ *   rotary_store:  q and k rotated ("rotate half": transformers' apply_rotary_pos_emb, each product
+ *                  rounded to T as torch's bf16 ops round them), q written out, k and v stored in
+ *                  the paged caches at their slots
+ *
+ * T is float32, or bfloat16 held as uint16 (ROUND rounds a float32 to the nearest bf16 value and
+ * back, which is what a bf16 torch op does to each result). Sums of squares run in a different order
+ * than torch's, so results may differ by float rounding there; everything else is the same formula.
+ * Rows are independent: a row's result does not depend on the others (batch invariance).
+ *
+ * Built at run time by tgictl/kernels/native.py; loaded with ctypes. Parallel over rows with OpenMP
+ * when the work is large enough to pay for waking the threads (prefill), serial at decode sizes.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.h"
+#include "exp.h"
+
+/* Below this many elements a kernel runs on the calling thread: a parallel region costs more. */
+#define PARALLEL_MIN_ELEMENTS 65536
+
+static inline float round_f32(float x) { return x; }
+static inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+static inline float store_f32(float x) { return x; }
+
+#define DEFINE_RMSNORM(NAME, T, LOAD, STORE, ROUND)                                                      \
+    void NAME(const T *x, const T *delta, T *sum_out, const T *weight, T *out, int64_t rows, int64_t dim, \
+              float eps, int threads) {                                                                  \
+        _Pragma("omp parallel for num_threads(threads) if (rows * dim >= PARALLEL_MIN_ELEMENTS)")        \
+        for (int64_t r = 0; r < rows; r++) {                                                             \
+            const T *xr = x + r * dim;                                                                   \
+            T *o = out + r * dim;                                                                        \
+            float squares = 0.0f;                                                                        \
+            if (delta != NULL) {                                                                         \
+                const T *dr = delta + r * dim;                                                           \
+                T *sr = sum_out + r * dim;                                                               \
+                _Pragma("omp simd reduction(+ : squares)") for (int64_t j = 0; j < dim; j++) {           \
+                    const T s = STORE(LOAD(xr[j]) + LOAD(dr[j]));                                        \
+                    sr[j] = s;                                                                           \
+                    squares += LOAD(s) * LOAD(s);                                                        \
+                }                                                                                        \
+                xr = sr;                                                                                 \
+            } else {                                                                                     \
+                _Pragma("omp simd reduction(+ : squares)") for (int64_t j = 0; j < dim; j++)             \
+                    squares += LOAD(xr[j]) * LOAD(xr[j]);                                                \
+            }                                                                                            \
+            const float inv = 1.0f / sqrtf(squares / (float)dim + eps);                                  \
+            _Pragma("omp simd") for (int64_t j = 0; j < dim; j++)                                        \
+                o[j] = STORE(LOAD(weight[j]) * ROUND(LOAD(xr[j]) * inv));                                \
+        }                                                                                                \
+    }
+
+DEFINE_RMSNORM(tgictl_rmsnorm_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
+
+/* silu(g) = g / (1 + e^-g), with e^-|g| so the exponential never overflows:
+ * g >= 0: g / (1 + e^-g); g < 0: g e^g / (1 + e^g). */
+static inline float silu(float g) {
+    const float e = exp_nonpositive(-fabsf(g));
+    return (g >= 0.0f ? g : g * e) / (1.0f + e);
+}
+
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND)                                                     \
+    void NAME(const T *gate_up, T *out, int64_t rows, int64_t inter, int threads) {                      \
+        _Pragma("omp parallel for num_threads(threads) if (rows * inter >= PARALLEL_MIN_ELEMENTS)")      \
+        for (int64_t r = 0; r < rows; r++) {                                                             \
+            const T *g = gate_up + r * 2 * inter, *u = g + inter;                                        \
+            T *o = out + r * inter;                                                                      \
+            _Pragma("omp simd") for (int64_t j = 0; j < inter; j++)                                      \
+                o[j] = STORE(ROUND(silu(LOAD(g[j]))) * LOAD(u[j]));                                      \
+        }                                                                                                \
+    }
+
+DEFINE_SILU_MUL(tgictl_silu_mul_f32, float, load_f32, store_f32, round_f32)
+DEFINE_SILU_MUL(tgictl_silu_mul_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
+
+/* One head of `d` values: first half x1*c - x2*s, second half x2*c + x1*s, each product rounded. */
+#define DEFINE_ROTATE(NAME, T, LOAD, STORE, ROUND)                                                       \
+    static inline void NAME(const T *x, const T *cos, const T *sin, T *out, int64_t half) {              \
+        _Pragma("omp simd") for (int64_t j = 0; j < half; j++) {                                         \
+            const float x1 = LOAD(x[j]), x2 = LOAD(x[j + half]), c = LOAD(cos[j]), s = LOAD(sin[j]);     \
+            out[j] = STORE(ROUND(x1 * c) - ROUND(x2 * s));                                               \
+            out[j + half] = STORE(ROUND(x2 * c) + ROUND(x1 * s));                                        \
+        }                                                                                                \
+    }
+
+DEFINE_ROTATE(rotate_f32, float, load_f32, store_f32, round_f32)
+DEFINE_ROTATE(rotate_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
+
+/* qkv: [tokens, (heads + 2 * kv_heads) * d], rows q | k | v; cos, sin: [tokens, d / 2];
+ * slots: [tokens]; q_out: [tokens, heads, d]; caches: [num_slots, kv_heads, d].
+ * Returns 0, or -1 (nothing written) when a slot lies outside [0, num_slots). */
+#define DEFINE_ROTARY_STORE(NAME, T, ROTATE)                                                             \
+    int NAME(const T *qkv, const T *cos, const T *sin, const int64_t *slots, T *q_out, T *key_cache,     \
+             T *value_cache, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, int64_t num_slots, \
+             int threads) {                                                                              \
+        for (int64_t t = 0; t < tokens; t++)                                                             \
+            if (slots[t] < 0 || slots[t] >= num_slots) return -1;                                        \
+        const int64_t half = d / 2, width = (heads + 2 * kv_heads) * d;                                  \
+        _Pragma("omp parallel for num_threads(threads) if (tokens * width >= PARALLEL_MIN_ELEMENTS)")    \
+        for (int64_t t = 0; t < tokens; t++) {                                                           \
+            const T *row = qkv + t * width, *c = cos + t * half, *s = sin + t * half;                    \
+            for (int64_t h = 0; h < heads; h++) ROTATE(row + h * d, c, s, q_out + (t * heads + h) * d, half); \
+            T *k = key_cache + slots[t] * kv_heads * d, *v = value_cache + slots[t] * kv_heads * d;      \
+            for (int64_t h = 0; h < kv_heads; h++) ROTATE(row + (heads + h) * d, c, s, k + h * d, half); \
+            const T *vr = row + (heads + kv_heads) * d;                                                  \
+            for (int64_t j = 0; j < kv_heads * d; j++) v[j] = vr[j];                                     \
+        }                                                                                                \
+        return 0;                                                                                        \
+    }
+
+DEFINE_ROTARY_STORE(tgictl_rotary_store_f32, float, rotate_f32)
+DEFINE_ROTARY_STORE(tgictl_rotary_store_bf16, uint16_t, rotate_bf16)
+
+/* Greedy choice and its log-probability for logits [rows, vocab] float32: ids[r] = the first index
+ * of the row's maximum (torch.argmax's tie rule), logprobs[r] = -log(sum_j e^(x_j - max)), the
+ * chosen token's log_softmax value (x_chosen - max = 0). Rows holding a NaN are left to the caller:
+ * returns their count, ids and logprobs of those rows unset. */
+int64_t tgictl_greedy_f32(const float *logits, int64_t rows, int64_t vocab, int64_t *ids, float *logprobs,
+                          int threads) {
+    int64_t with_nan = 0;
+    _Pragma("omp parallel for num_threads(threads) reduction(+ : with_nan) if (rows * vocab >= 4 * PARALLEL_MIN_ELEMENTS)")
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * vocab;
+        float best = x[0];
+        int64_t at = 0;
+        int nan = x[0] != x[0];
+        for (int64_t j = 1; j < vocab; j++) {
+            nan |= x[j] != x[j];
+            if (x[j] > best) {
+                best = x[j];
+                at = j;
+            }
+        }
+        if (nan || isinf(best)) { /* NaN rows, and +-inf maxima (inf - inf), take torch's path */
+            with_nan++;
+            continue;
+        }
+        double sum = 0.0; /* in double: 50k float32 terms would otherwise drift by tens of ulps */
+        _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < vocab; j++) sum += exp_nonpositive(x[j] - best);
+        ids[r] = at;
+        logprobs[r] = (float)-log(sum);
+    }
+    return with_nan;
+}
