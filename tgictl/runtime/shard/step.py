@@ -126,8 +126,10 @@ class ModelRunner:
         wants_top = reports and any(top_n)
         with torch.inference_mode():
             chosen = chooser(sample_logits, history, steps, allowed, distribution=wants_top)
-        per_position = [n for n, row in zip(top_n, rows) for _ in range(1 + len(row.draft))]
-        top = top_n_tokens(chosen.log_probs, per_position) if wants_top and chosen.log_probs is not None else None
+        top = None
+        if wants_top and chosen.log_probs is not None:  # one count per scored position (drafts included)
+            per_position = [n for n, row in zip(top_n, rows) for _ in range(1 + len(row.draft))]
+            top = top_n_tokens(chosen.log_probs, per_position)
         prompt_lps, prompt_tops = self._prompt_logprobs(logits, inputs, rows) if reports else ({}, {})
         next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
         next_lps: list[float] = chosen.logprobs.tolist()
