@@ -93,7 +93,8 @@ class Queue:
                     f"blocks of {self._block_size}"
                 )))
                 continue
-            allocation = self._allocator.allocate(tokens, key)
+            # Keyed by adapter: KV computed under one adapter is never another's (docs/architecture.md, "Multi-LoRA").
+            allocation = self._allocator.allocate(tokens, key, request.adapter_index)
             if allocation is None:
                 self._entries.appendleft(entry)
                 break
@@ -143,6 +144,7 @@ class Queue:
                     chunk_len=chunk_len,
                     prefill_logprobs=request.decoder_input_details,
                     top_n_tokens=request.top_n_tokens,
+                    adapter_index=request.adapter_index,
                 )
             )
         batch = Batch(

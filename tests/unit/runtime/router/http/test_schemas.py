@@ -43,12 +43,16 @@ def test_tgi_do_sample_quirk_and_explicit_nulls() -> None:
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("watermark", True, "`watermark` is not supported"),
-    ("adapter_id", "lora", "`adapter_id` is not supported"),
 ])
 def test_tgi_unsupported_features_are_refused(field: str, value: object, message: str) -> None:
     request = GenerateRequest.model_validate({"inputs": "hi", "parameters": {field: value}})
     with pytest.raises(ValidationError, match=message):
         to_generation_input(request, stream=False)
+
+
+def test_adapter_id_and_openai_model_reach_validation() -> None:
+    request = GenerateRequest.model_validate({"inputs": "hi", "parameters": {"adapter_id": "lora"}})
+    assert to_generation_input(request, stream=False).adapter_id == "lora"
 
 
 def test_tgi_mistyped_fields_fail_schema_validation() -> None:
