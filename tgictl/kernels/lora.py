@@ -46,6 +46,10 @@ class AdapterGroups:
     gather: Tensor  # [G * S] int64 token of each padded position (padding: the group's first token)
     mask: Tensor  # [G, S, 1] float32: 1 at real tokens, 0 at padding
     segments: tuple[Tensor, ...]  # [G] int64 token indices per slot, for the segment path
+    # [T] padded position of each token when every token has an adapter (None otherwise): the deltas
+    # then reach their tokens by one gather and a plain add instead of a scatter-add (several times
+    # slower on CPU).
+    inverse: Tensor | None = None
 
     @property
     def all_slots(self) -> bool:
@@ -73,10 +77,15 @@ def group_tokens(token_slots: Sequence[int], num_adapters: int, device: torch.de
     padded = len(slots) * longest <= _MAX_PADDING_RATIO * real
     gather: list[int] = []
     mask: list[float] = []
+    inverse = [0] * len(token_slots)
     for group in tokens:
         pad = longest - len(group)
-        gather += [*group, *([group[0]] * pad)]
+        for t in group:
+            inverse[t] = len(gather)
+            gather.append(t)
+        gather += [group[0]] * pad
         mask += [1.0] * len(group) + [0.0] * pad
+    every = real == len(token_slots)
     return AdapterGroups(
         num_adapters=num_adapters,
         slots=slots,
@@ -86,37 +95,49 @@ def group_tokens(token_slots: Sequence[int], num_adapters: int, device: torch.de
         gather=torch.tensor(gather, dtype=torch.int64, device=device),
         mask=torch.tensor(mask, dtype=torch.float32, device=device).view(len(slots), longest, 1),
         segments=tuple(torch.tensor(t, dtype=torch.int64, device=device) for t in tokens),
+        inverse=torch.tensor(inverse, dtype=torch.int64, device=device) if every else None,
     )
 
 
 def add_lora(x: Tensor, y: Tensor, a: Tensor, bs: Sequence[ProjectionB], groups: AdapterGroups) -> Tensor:
-    """y[t] += the LoRA delta of token t's adapter, in place; returns y. x: [T, in], y: [T, out]."""
+    """y[t] += the LoRA delta of token t's adapter, in place; returns y. x: [T, in], y: [T, out].
+
+    The projections of `bs` cover y's columns in order (q|k|v, gate|up, or one), so the deltas of all
+    of them are one [tokens, out] tensor. The products run in the factors' dtype (float32 on CPU,
+    where bf16 bmm at these small shapes is 3-4x slower); the delta is added in y's."""
     if groups.padded:
         return _add_padded(x, y, a, bs, groups)
     return _add_segments(x, y, a, bs, groups)
 
 
+def _expand(shrunk: Tensor, bs: Sequence[ProjectionB], pick: Tensor | None) -> Tensor:
+    """[..., P * R] -> [..., out]: each projection's B product, side by side."""
+    parts = []
+    for p, (_, b) in enumerate(bs):
+        rank = b.shape[-2]  # b: [N, R, out_p] or one adapter's [R, out_p]
+        b_used = b if pick is None else b.index_select(0, pick)
+        parts.append(torch.matmul(shrunk[..., p * rank : (p + 1) * rank], b_used))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
 def _add_padded(x: Tensor, y: Tensor, a: Tensor, bs: Sequence[ProjectionB], groups: AdapterGroups) -> Tensor:
     count, longest = groups.mask.shape[0], groups.mask.shape[1]
-    gathered = x.index_select(0, groups.gather).view(count, longest, x.shape[1])  # [G, S, in]
-    a_groups = a if groups.all_slots else a.index_select(0, groups.slot_index)  # [G, in, P * R]
-    # Padding rows are zeroed here, so their B products are exact zeros added to a real token.
-    shrunk = torch.bmm(gathered, a_groups) * groups.mask.to(x.dtype)  # [G, S, P * R]
-    for p, (first, b) in enumerate(bs):
-        rank = b.shape[1]
-        b_groups = b if groups.all_slots else b.index_select(0, groups.slot_index)  # [G, R, out_p]
-        delta = torch.bmm(shrunk[:, :, p * rank : (p + 1) * rank], b_groups)  # [G, S, out_p]
-        y[:, first : first + b.shape[2]].index_add_(0, groups.gather, delta.view(count * longest, -1))
-    return y
+    pick = None if groups.all_slots else groups.slot_index
+    gathered = x.index_select(0, groups.gather).view(count, longest, x.shape[1]).to(a.dtype)  # [G, S, in]
+    a_groups = a if pick is None else a.index_select(0, pick)  # [G, in, P * R]
+    # Padding rows are zeroed here, so their B products are exact zeros.
+    shrunk = torch.bmm(gathered, a_groups) * groups.mask.to(a.dtype)  # [G, S, P * R]
+    delta = _expand(shrunk, bs, pick).view(count * longest, -1)  # [G * S, out]
+    if groups.inverse is not None:  # every token has an adapter: gather its delta, add densely
+        return y.add_(delta.index_select(0, groups.inverse))
+    return y.index_add_(0, groups.gather, delta.to(y.dtype))
 
 
 def _add_segments(x: Tensor, y: Tensor, a: Tensor, bs: Sequence[ProjectionB], groups: AdapterGroups) -> Tensor:
     for slot, index in zip(groups.slots, groups.segments):
-        shrunk = x.index_select(0, index) @ a[slot]  # [n, P * R]
-        for p, (first, b) in enumerate(bs):
-            rank = b.shape[1]
-            delta = shrunk[:, p * rank : (p + 1) * rank] @ b[slot]  # [n, out_p]
-            y[:, first : first + b.shape[2]].index_add_(0, index, delta)
+        shrunk = x.index_select(0, index).to(a.dtype) @ a[slot]  # [n, P * R]
+        delta = _expand(shrunk, [(first, b[slot]) for first, b in bs], None)  # [n, out]
+        y.index_add_(0, index, delta.to(y.dtype))
     return y
 
 
@@ -127,10 +148,10 @@ def add_lora_reference(
     for t, slot in enumerate(token_slots):
         if slot < 0:
             continue
-        shrunk = x[t] @ a[slot]
+        shrunk = x[t].to(a.dtype) @ a[slot]
         for p, (first, b) in enumerate(bs):
             rank = b.shape[1]
-            y[t, first : first + b.shape[2]] += shrunk[p * rank : (p + 1) * rank] @ b[slot]
+            y[t, first : first + b.shape[2]] += (shrunk[p * rank : (p + 1) * rank] @ b[slot]).to(y.dtype)
     return y
 
 

@@ -116,7 +116,7 @@ class ShardRuntime:
         settings = KVMemorySettings(kv_cache_memory=kv_cache_memory, cuda_memory_fraction=cuda_memory_fraction)
         torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
         # A bad adapter fails start-up before the (much larger) model is read.
-        adapters = read_adapters(lora_adapters, ModelConfig.from_dir(Path(model_dir)), torch_dtype)
+        adapters = read_adapters(lora_adapters, ModelConfig.from_dir(Path(model_dir)), torch_dtype, torch_device)
         model = load_model(Path(model_dir), dtype=torch_dtype, device=torch_device, dist=dist, quantize=quantize)
         attach_adapters(model, adapters, torch_device)
         del adapters  # the stacked copies on the model are what is served

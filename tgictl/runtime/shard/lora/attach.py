@@ -17,7 +17,7 @@ from torch import nn
 
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.lora.adapter_files import LoraAdapter, read_adapter
-from tgictl.runtime.shard.lora.delta import ProjectionPart, build_delta
+from tgictl.runtime.shard.lora.delta import ProjectionPart, build_delta, factor_dtype
 from tgictl.runtime.shard.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,12 @@ log = logging.getLogger(__name__)
 _PREFIX = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
 
 
-def read_adapters(sources: Sequence[tuple[str, Path]], base: ModelConfig, dtype: torch.dtype) -> list[LoraAdapter]:
-    """Every (name, directory), read and checked; the first problem is a ConfigError."""
-    return [read_adapter(name, Path(path), base, dtype) for name, path in sources]
+def read_adapters(
+    sources: Sequence[tuple[str, Path]], base: ModelConfig, dtype: torch.dtype, device: torch.device = torch.device("cpu")
+) -> list[LoraAdapter]:
+    """Every (name, directory), read and checked; the first problem is a ConfigError. `dtype` and
+    `device`: the model's (the factors are kept in factor_dtype of them)."""
+    return [read_adapter(name, Path(path), base, factor_dtype(dtype, device)) for name, path in sources]
 
 
 def _parts(prefixed: Sequence[tuple[str, int, int]]) -> tuple[int, list[ProjectionPart]] | None:

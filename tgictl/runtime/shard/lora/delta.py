@@ -41,6 +41,12 @@ class LoraDelta(nn.Module):
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
 
+def factor_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """float32 on CPU (bf16 bmm at LoRA's small shapes is 3-4x slower there, and PEFT saves float32
+    factors, so memory stays the adapters' own size); the model's dtype on CUDA."""
+    return torch.float32 if device.type == "cpu" else model_dtype
+
+
 def build_delta(
     adapters: Sequence[LoraAdapter], layer: int, parts: Sequence[ProjectionPart], *, split_inputs: bool,
     device: torch.device,
@@ -53,7 +59,7 @@ def build_delta(
         return None
     rank = max(adapter.rank for adapter in present)
     first = next(f for adapter in present for p, _, _ in parts if (f := adapter.factors.get((layer, p))))
-    dtype = first.a.dtype
+    dtype = factor_dtype(first.a.dtype, device)
     in_features = parts[0][2] - parts[0][1] if split_inputs else first.a.shape[1]
     outs = [first.b.shape[0] if split_inputs else stop - start for _, start, stop in parts]
     count = len(adapters)
@@ -67,7 +73,7 @@ def build_delta(
             r = adapter.rank
             fa = factors.a[:, start:stop] if split_inputs else factors.a  # [r, in_per_rank]
             fb = factors.b if split_inputs else factors.b[start:stop]  # [out_p, r]
-            a[k, :, p * rank : p * rank + r] = fa.T
-            bs[p][k, :r] = (fb * adapter.scaling).T
+            a[k, :, p * rank : p * rank + r] = fa.T.to(dtype)
+            bs[p][k, :r] = (fb.to(dtype) * adapter.scaling).T
     firsts = [sum(outs[:p]) for p in range(len(outs))]
     return LoraDelta(a.to(device), [b.to(device) for b in bs], firsts)
