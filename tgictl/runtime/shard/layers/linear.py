@@ -94,7 +94,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: Tensor, adapters: AdapterGroups | None = None) -> Tensor:
         """x: [tokens, in_per_rank] -> [tokens, out], summed over ranks."""
-        lora = self.lora if adapters is not None else None
+        lora = self.lora
         if not self.dist.is_sharded:
             out = self.weight(x, self.bias)
             return out if lora is None or adapters is None else lora.add_to(x, out, adapters)

@@ -53,6 +53,11 @@ def test_tgi_unsupported_features_are_refused(field: str, value: object, message
 def test_adapter_id_and_openai_model_reach_validation() -> None:
     request = GenerateRequest.model_validate({"inputs": "hi", "parameters": {"adapter_id": "lora"}})
     assert to_generation_input(request, stream=False).adapter_id == "lora"
+    from tgictl.runtime.router.http.schemas_openai import CompletionRequest
+
+    body = CompletionRequest.model_validate({"model": "sql", "prompt": "hi"})
+    chosen = body.generation_input("hi", max_new_tokens=2, top_n_tokens=None, choice=0, add_special_tokens=True)
+    assert chosen.model == "sql" and chosen.adapter_id is None
 
 
 def test_tgi_mistyped_fields_fail_schema_validation() -> None:
