@@ -6,8 +6,9 @@ model on the same weights in the same run (docs/architecture.md, "Multi-LoRA").
 
 decode: a batch of `--batch` rows whose every row is on one of `--adapters` random adapters (row i on
 adapter i % N), against the same batch on the base model (adapter_index 0: the LoRA code does not
-run); decode tokens/s as the median of `--repeats` runs of `--steps` steps, base and LoRA alternating,
-for each rank and projection set. startup: ShardRuntime.load with and without the adapters, each in a
+run); both batches live at once and their decode steps alternate, each timed alone; tokens/s from
+the median step time of each of `--repeats` runs of `--steps` steps (median over runs), for each
+rank and projection set. startup: ShardRuntime.load with and without the adapters, each in a
 fresh process: seconds and RSS (VmHWM), against the adapters' bytes on disk.
 Not a test: numbers depend on the machine and its load (printed with them).
 """
@@ -67,12 +68,12 @@ def write_adapter(path: Path, config: ModelConfig, rank: int, targets: tuple[str
     return (path / "adapter_model.safetensors").stat().st_size
 
 
-def _batch(config: ModelConfig, size: int, context: int, new_tokens: int, adapters: int) -> Batch:
+def _batch(config: ModelConfig, size: int, context: int, new_tokens: int, adapters: int, first_block: int) -> Batch:
     per = -(-(context + new_tokens) // BLOCK)
     gen = torch.Generator().manual_seed(0)
     requests = []
     for r in range(size):
-        blocks = tuple(range(1 + r * per, 1 + (r + 1) * per))
+        blocks = tuple(range(first_block + r * per, first_block + (r + 1) * per))
         requests.append(Request(
             id=r, input_ids=tuple(torch.randint(0, config.vocab_size, (context,), generator=gen).tolist()),
             sampling=SamplingParams(), stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True),
@@ -82,28 +83,37 @@ def _batch(config: ModelConfig, size: int, context: int, new_tokens: int, adapte
     return Batch(id=1, requests=tuple(requests))
 
 
-def _decode_tps(runner: ModelRunner, batch: Batch, steps: int) -> float:
-    shard = ShardBatch.from_batch(
-        batch, block_size=BLOCK, num_blocks=runner.kv_cache.num_blocks, vocab_size=runner.vocab_size, device=CPU,
-        num_adapters=runner.num_adapters,
-    )
-    _, current, _ = runner.generate_token(shard)  # the prefill
-    _, current, _ = runner.generate_token(current)  # one untimed decode step
-    start = time.perf_counter()
-    for _ in range(steps):
-        _, current, _ = runner.generate_token(current)
-    return len(batch.requests) * steps / (time.perf_counter() - start)
+def _paired_step_seconds(runner: ModelRunner, batches: list[Batch], steps: int) -> list[list[float]]:
+    """Each batch prefilled, then their decode steps interleaved (which goes first alternates), each
+    step timed alone: slow drifts of a shared machine hit both alike. Per batch, its step times."""
+    current = []
+    for batch in batches:
+        shard = ShardBatch.from_batch(
+            batch, block_size=BLOCK, num_blocks=runner.kv_cache.num_blocks, vocab_size=runner.vocab_size,
+            device=CPU, num_adapters=runner.num_adapters,
+        )
+        _, state, _ = runner.generate_token(shard)  # the prefill
+        _, state, _ = runner.generate_token(state)  # one untimed decode step
+        current.append(state)
+    times: list[list[float]] = [[] for _ in batches]
+    for step in range(steps):
+        order = range(len(batches)) if step % 2 == 0 else reversed(range(len(batches)))
+        for k in order:
+            start = time.perf_counter()
+            _, current[k], _ = runner.generate_token(current[k])
+            times[k].append(time.perf_counter() - start)
+    return times
 
 
 def decode(args: argparse.Namespace) -> None:
     model = load_model(args.model_dir, dtype=getattr(torch, args.dtype), device=CPU, dist=DistContext.single())
     config = model.config
     new_tokens = args.steps + 4
-    blocks = 1 + args.batch * -(-(args.context + new_tokens) // BLOCK)
-    runner = ModelRunner(model, model.allocate_kv_cache(blocks, BLOCK), block_size=BLOCK, dist=DistContext.single(),
-                         device=CPU, num_adapters=args.adapters)
-    base_batch = _batch(config, args.batch, args.context, new_tokens, 0)
-    lora_batch = _batch(config, args.batch, args.context, new_tokens, args.adapters)
+    per_batch = args.batch * -(-(args.context + new_tokens) // BLOCK)
+    runner = ModelRunner(model, model.allocate_kv_cache(1 + 2 * per_batch, BLOCK), block_size=BLOCK,
+                         dist=DistContext.single(), device=CPU, num_adapters=args.adapters)
+    base_batch = _batch(config, args.batch, args.context, new_tokens, 0, first_block=1)
+    lora_batch = _batch(config, args.batch, args.context, new_tokens, args.adapters, first_block=1 + per_batch)
     print(f"{args.model_dir.name} {args.dtype} batch {args.batch} context {args.context} threads "
           f"{torch.get_num_threads()} adapters {args.adapters}, load {os.getloadavg()[0]:.2f}")
     for set_name, targets in PROJECTION_SETS.items():
@@ -116,12 +126,12 @@ def decode(args: argparse.Namespace) -> None:
                     if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                         module.lora = None
                 attach_adapters(model, read_adapters(dirs, config, model.dtype), CPU)
+            _paired_step_seconds(runner, [base_batch, lora_batch], 2)  # warm-up: both paths' shapes once
             base, lora = [], []
-            _decode_tps(runner, base_batch, 2)  # warm-up: both paths' matmul shapes compiled once
-            _decode_tps(runner, lora_batch, 2)
             for _ in range(args.repeats):
-                base.append(_decode_tps(runner, base_batch, args.steps))
-                lora.append(_decode_tps(runner, lora_batch, args.steps))
+                base_times, lora_times = _paired_step_seconds(runner, [base_batch, lora_batch], args.steps)
+                base.append(args.batch / statistics.median(base_times))
+                lora.append(args.batch / statistics.median(lora_times))
             b, lo = statistics.median(base), statistics.median(lora)
             print(f"  rank {rank:3d} {set_name:6s}: base {b:7.1f} tok/s, LoRA {lo:7.1f} tok/s, "
                   f"ratio {lo / b:.3f} (load {os.getloadavg()[0]:.2f})", flush=True)

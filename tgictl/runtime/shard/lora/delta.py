@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from tgictl.kernels.lora import AdapterGroups, add_lora
+from tgictl.kernels.lora import AdapterGroups, LoraFactors, add_lora
+from tgictl.kernels.native import load_native_kernels
 from tgictl.runtime.shard.lora.adapter_files import LoraAdapter
 
 # (projection, first, stop): the part of one projection a rank holds: output rows for a
@@ -23,18 +24,18 @@ ProjectionPart = tuple[str, int, int]
 
 
 class LoraDelta(nn.Module):
-    """a: [N, in_per_rank, P * R]; bs: per projection B^T [N, R, out_p] (scaling folded in), at the
-    output columns `firsts` of the layer's fused output."""
+    """a: [N, in_per_rank, P * R]; b: [N, R, out] every projection's B^T side by side (scaling folded
+    in), projection p at the output columns bounds[p] .. bounds[p + 1] of the layer's fused output."""
 
-    def __init__(self, a: Tensor, bs: Sequence[Tensor], firsts: Sequence[int]) -> None:
+    def __init__(self, a: Tensor, b: Tensor, bounds: Sequence[int]) -> None:
         super().__init__()
         self.a = nn.Parameter(a, requires_grad=False)
-        self.bs = nn.ParameterList(nn.Parameter(b, requires_grad=False) for b in bs)
-        self.firsts = tuple(firsts)
+        self.b = nn.Parameter(b, requires_grad=False)
+        self.factors = LoraFactors(self.a, self.b, tuple(bounds))
 
     def add_to(self, x: Tensor, y: Tensor, groups: AdapterGroups) -> Tensor:
         """y += each token's delta, in place (x: [T, in_per_rank], y: [T, out])."""
-        return add_lora(x, y, self.a, list(zip(self.firsts, self.bs)), groups)
+        return add_lora(x, y, self.factors, groups)
 
     @property
     def num_bytes(self) -> int:
@@ -42,9 +43,11 @@ class LoraDelta(nn.Module):
 
 
 def factor_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """float32 on CPU (bf16 bmm at LoRA's small shapes is 3-4x slower there, and PEFT saves float32
-    factors, so memory stays the adapters' own size); the model's dtype on CUDA."""
-    return torch.float32 if device.type == "cpu" else model_dtype
+    """The model's dtype, as TGI and vLLM keep the factors; on CPU without the compiled kernel
+    (csrc/lora.c) float32, because torch's bf16 bmm at LoRA's small shapes is 3-4x slower there."""
+    if device.type == "cpu" and model_dtype == torch.bfloat16 and load_native_kernels() is None:
+        return torch.float32
+    return model_dtype
 
 
 def build_delta(
@@ -63,8 +66,9 @@ def build_delta(
     in_features = parts[0][2] - parts[0][1] if split_inputs else first.a.shape[1]
     outs = [first.b.shape[0] if split_inputs else stop - start for _, start, stop in parts]
     count = len(adapters)
+    bounds = [sum(outs[:p]) for p in range(len(outs) + 1)]
     a = torch.zeros(count, in_features, len(parts) * rank, dtype=dtype)
-    bs = [torch.zeros(count, rank, out, dtype=dtype) for out in outs]
+    b = torch.zeros(count, rank, bounds[-1], dtype=dtype)
     for k, adapter in enumerate(adapters):
         for p, (projection, start, stop) in enumerate(parts):
             factors = adapter.factors.get((layer, projection))
@@ -74,6 +78,5 @@ def build_delta(
             fa = factors.a[:, start:stop] if split_inputs else factors.a  # [r, in_per_rank]
             fb = factors.b if split_inputs else factors.b[start:stop]  # [out_p, r]
             a[k, :, p * rank : p * rank + r] = fa.T.to(dtype)
-            bs[p][k, :r] = (fb.to(dtype) * adapter.scaling).T
-    firsts = [sum(outs[:p]) for p in range(len(outs))]
-    return LoraDelta(a.to(device), [b.to(device) for b in bs], firsts)
+            b[k, :r, bounds[p] : bounds[p + 1]] = (fb.float() * adapter.scaling).T.to(dtype)  # one rounding
+    return LoraDelta(a.to(device), b.to(device), bounds)
