@@ -8,7 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from tgictl.kernels.lora import AdapterGroups, LoraFactors, _add_native, add_lora, add_lora_reference, group_tokens
+from tgictl.kernels.lora import (
+    AdapterGroups,
+    LoraFactors,
+    _add_native,
+    add_lora,
+    add_lora_reference,
+    group_tokens,
+)
 
 CPU = torch.device("cpu")
 
