@@ -177,6 +177,9 @@ class RouterService:
             kv_usage=lambda: kv_usage_fraction(allocator.used_blocks, allocator.total_blocks),
             block_size=info.block_size,
             num_blocks=allocator.total_blocks,
+            max_lora=len(info.adapters),
+            running_adapters=lambda: (entry.request.adapter for entry in self.batcher.entries()),
+            waiting_adapters=lambda: (entry.request.adapter for entry in self.queue.entries()),
         ))
         self._executor = ThreadPoolExecutor(config.validation_workers, thread_name_prefix="validation")
         self._batcher_task: asyncio.Task[None] | None = None

@@ -40,6 +40,10 @@ class Queue:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> list[Entry]:
+        """The queued entries, in order (a copy)."""
+        return list(self._entries)
+
     def append(self, entry: Entry, *, first: bool = False) -> int:
         """Queue `entry` at the end, or at the head (`first`: a continuation round of a request that
         was already running goes before requests that never ran). Each round gets a fresh id: the
