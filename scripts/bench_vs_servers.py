@@ -119,7 +119,9 @@ def server_spec(name: str, args: argparse.Namespace, model_dir: Path, port: int)
                            "--interrupt_requests", "False"],
                           "/v1/models", str(gguf), ignore_eos=False)
     if name in ("transformers-cb", "transformers"):
-        cli = shutil.which("transformers") or "transformers"
+        # the CLI beside this interpreter first: a venv's bin/ need not be on PATH
+        beside = Path(sys.executable).with_name("transformers")
+        cli = str(beside) if beside.exists() else shutil.which("transformers") or "transformers"
         batching = ["--continuous-batching"] if name == "transformers-cb" else []
         return ServerSpec([cli, "serve", *batching, "--dtype", args.dtype, "--device", "cpu", "--host",
                            "127.0.0.1", "--port", str(port), str(model_dir)], "/health", str(model_dir),

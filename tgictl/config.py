@@ -105,6 +105,49 @@ def default_uds_path(uid: int) -> Path:
     return Path("/tmp") / f"tgictl-{uid}" / "server"
 
 
+# Names a request can give that mean the base model (OpenAI's `model` field): never an adapter's name.
+BASE_MODEL_ALIASES: tuple[str, ...] = ("tgi",)
+# The base model's label in the per-adapter metrics: not an adapter name either.
+BASE_MODEL_LABEL = "base"
+
+
+@dataclass(frozen=True)
+class LoraAdapterSpec:
+    """One `--lora-adapters` entry: `name=PATH` (a local PEFT directory) or a hub id `owner/name[@revision]`
+    (named by its id), resolved like models (docs/architecture.md, "Multi-LoRA")."""
+
+    name: str
+    source: str  # a local directory or a hub id
+    revision: str | None = None
+
+    def flag(self) -> str:
+        """The entry as --lora-adapters spells it (the launcher passes resolved directories this way)."""
+        return f"{self.name}={self.source}"
+
+
+def parse_lora_adapters(text: str | None) -> tuple[LoraAdapterSpec, ...]:
+    """`a=/path/a,owner/b@main` -> the entries, in order; names must be unique and not a base alias."""
+    specs: list[LoraAdapterSpec] = []
+    for raw in (text or "").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        name, sep, source = entry.partition("=")
+        revision = None
+        if not sep:
+            source, _, rev = entry.partition("@")
+            name, revision = source, rev or None
+        name, source = name.strip(), source.strip()
+        if not name or not source:
+            raise ConfigError(f"--lora-adapters entries are name=PATH or a hub id[@revision], got {entry!r}")
+        if name in (*BASE_MODEL_ALIASES, BASE_MODEL_LABEL):
+            raise ConfigError(f"LoRA adapter name {name!r} is reserved for the base model")
+        if any(s.name == name for s in specs):
+            raise ConfigError(f"LoRA adapter name {name!r} is given twice")
+        specs.append(LoraAdapterSpec(name, source, revision))
+    return tuple(specs)
+
+
 def _check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None) -> None:
     """The settings a shard takes, checked the same way wherever they are given (shard or launch)."""
     if not model_id.strip():
@@ -185,6 +228,7 @@ class ShardConfig:
     shutdown_grace_s: float = 30.0  # SIGTERM: how long the RPC in flight may still run
     tracing: TracingConfig = field(default_factory=lambda: TracingConfig(service_name="tgictl.shard"))
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    lora_adapters: tuple[LoraAdapterSpec, ...] = ()  # served beside the base model, in this order
 
     def __post_init__(self) -> None:
         _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
@@ -320,6 +364,7 @@ class LaunchConfig:
     shard_uds_path: Path | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port on this host
+    lora_adapters: tuple[LoraAdapterSpec, ...] = ()  # resolved once, passed to every shard as directories
     # After the router stopped no RPC is in flight, so a shard that ignores SIGTERM this long is stuck
     # (in a collective, say) and gets SIGKILL.
     shard_stop_timeout_s: float = 10.0

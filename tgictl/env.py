@@ -144,6 +144,8 @@ class Env:
     prefix_caching: bool = True
     # TGI's SPECULATE: draft tokens per step for the shards; --speculate wins.
     speculate: int | None = None
+    # TGI's LORA_ADAPTERS (`name=PATH` or hub `id[@revision]`, comma-separated); --lora-adapters wins.
+    lora_adapters: str | None = None
     # torch.distributed rendezvous, set by the launcher for each shard.
     rank: int | None = None
     world_size: int | None = None
@@ -183,6 +185,7 @@ class Env:
             api_key=_text(env, API_KEY_VAR),
             prefix_caching=_bool(env, "PREFIX_CACHING") if _text(env, "PREFIX_CACHING") else True,
             speculate=_int(env, "SPECULATE"),
+            lora_adapters=_text(env, "LORA_ADAPTERS"),
             rank=_int(env, "RANK"),
             world_size=_int(env, "WORLD_SIZE", minimum=1),
             master_addr=_text(env, "MASTER_ADDR"),

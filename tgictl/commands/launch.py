@@ -14,7 +14,7 @@ import typer
 from tgictl.commands import speculation_options as spec
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.commands.router_options import RouterFlags, with_router_options
-from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig
+from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig, parse_lora_adapters
 from tgictl.env import inherited_environ, read_env
 from tgictl.quantization import quantize_spec
 from tgictl.units import parse_size
@@ -54,6 +54,12 @@ def launch(
     speculate_ngram_min: int = spec.NGRAM_MIN,
     speculate_ngram_max: int = spec.NGRAM_MAX,
     speculate_max_batch: int = spec.MAX_BATCH,
+    lora_adapters: Optional[str] = typer.Option(
+        None, "--lora-adapters", show_default=False,
+        help="LoRA adapters to serve beside the model: name=PATH (a PEFT directory) or a hub id[@revision], "
+        "comma-separated (default: LORA_ADAPTERS). Requests choose one with TGI's parameters.adapter_id "
+        "or OpenAI's model.",
+    ),
     *,
     router_flags: RouterFlags,
 ) -> None:
@@ -77,6 +83,7 @@ def launch(
         speculation=spec.speculation_config(
             speculate, speculate_ngram_min, speculate_ngram_max, speculate_max_batch, env
         ),
+        lora_adapters=parse_lora_adapters(lora_adapters if lora_adapters is not None else env.lora_adapters),
     )
     log_config = ctx.obj if isinstance(ctx.obj, LogConfig) else LogConfig()
     # The children start from this process's environment (cli.py exported the logging setup into it).

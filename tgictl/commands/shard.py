@@ -21,6 +21,7 @@ from tgictl.config import (
     ShardConfig,
     TracingConfig,
     default_uds_path,
+    parse_lora_adapters,
 )
 from tgictl.env import read_env
 from tgictl.quantization import quantize_spec
@@ -59,6 +60,11 @@ def shard(
     speculate_max_batch: int = spec.MAX_BATCH,
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
+    lora_adapters: Optional[str] = typer.Option(
+        None, "--lora-adapters", show_default=False,
+        help="LoRA adapters to serve beside the model: name=PATH (a PEFT directory) or a hub id[@revision], "
+        "comma-separated (default: LORA_ADAPTERS).",
+    ),
 ) -> None:
     """Load the model and serve this rank until SIGTERM or SIGINT."""
     env = read_env()
@@ -78,6 +84,7 @@ def shard(
         speculation=spec.speculation_config(
             speculate, speculate_ngram_min, speculate_ngram_max, speculate_max_batch, env
         ),
+        lora_adapters=parse_lora_adapters(lora_adapters if lora_adapters is not None else env.lora_adapters),
     )
     from tgictl.runtime.shard.server import (
         serve,  # torch loads only once the flags are known good

@@ -149,6 +149,7 @@ def _fill_request(dst: pb.Request, r: Request) -> None:
     dst.blocks.extend(r.blocks)
     dst.slots.extend(r.slots)
     dst.cache_len = r.cache_len
+    dst.adapter_index = r.adapter_index
     if r.chunk_len is not None:  # None leaves the optional field absent
         dst.chunk_len = r.chunk_len
 
@@ -174,6 +175,7 @@ def request_from_pb(m: pb.Request) -> Request:
         chunk_len=m.chunk_len if m.HasField("chunk_len") else None,
         prefill_logprobs=m.prefill_logprobs,
         top_n_tokens=m.top_n_tokens,
+        adapter_index=m.adapter_index,
     )
 
 
@@ -465,6 +467,7 @@ def info_to_pb(i: Info) -> pb.InfoResponse:
         max_position_embeddings=i.max_position_embeddings,
         eos_token_ids=i.eos_token_ids,
         world_size=i.world_size,
+        adapters=i.adapters,
     )
 
 
@@ -484,6 +487,7 @@ def info_from_pb(m: pb.InfoResponse) -> Info:
         world_size=m.world_size,
         requires_padding=m.requires_padding,
         speculate=m.speculate,
+        adapters=tuple(m.adapters),
     )
 
 

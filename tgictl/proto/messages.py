@@ -83,6 +83,7 @@ class Request:
     chunk_len: int | None = None  # prompt tokens to compute in the first forward; None = all the rest
     prefill_logprobs: bool = False  # return the logprob of every prompt token
     top_n_tokens: int = 0  # also return the n most likely tokens at every step
+    adapter_index: int = 0  # LoRA adapter: 0 = the base model, k = Info.adapters[k - 1]
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class Info:
     world_size: int
     requires_padding: bool = False
     speculate: int = 0
+    adapters: tuple[str, ...] = ()  # LoRA adapter names; adapter_index k is adapters[k - 1]
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,8 @@ def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[st
     if config.kv_cache_memory is not None:
         argv += ["--kv-cache-memory", str(config.kv_cache_memory)]
     argv += speculation_argv(config.speculation)
+    if config.lora_adapters:  # resolved by the launcher: every shard reads the same directories
+        argv += ["--lora-adapters", ",".join(spec.flag() for spec in config.lora_adapters)]
     if config.router.otlp_endpoint is not None:  # the shards' spans join the router's traces
         argv += ["--otlp-endpoint", config.router.otlp_endpoint,
                  "--otlp-service-name", shard_service_name(config.router.otlp_service_name)]

@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -34,6 +34,7 @@ from tgictl.runtime.host import usable_cores
 from tgictl.runtime.launcher.child import ChildProcess, describe_exit
 from tgictl.runtime.launcher.plan import LaunchPlan, build_plan, free_port
 from tgictl.runtime.model_files.resolve import load_model_config, resolve_model
+from tgictl.runtime.model_files.resolve_adapter import resolve_adapters
 from tgictl.runtime.profile.budgets import kv_heads_per_shard, model_shape
 from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir
 
@@ -265,8 +266,11 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
     `child_env` is the environment the children start from (the launcher's own, normally).
     """
     check_port_free(config.router.hostname, config.router.port)
-    model_dir = resolve_model(config.model_id, config.revision, hub=HubConfig.from_env(env))
+    hub = HubConfig.from_env(env)
+    model_dir = resolve_model(config.model_id, config.revision, hub=hub)
     log.info("model %s: %s", config.model_id, model_dir)
+    if config.lora_adapters:  # once, here: the shards then all read the same local directories
+        config = replace(config, lora_adapters=resolve_adapters(config.lora_adapters, hub))
     # Fail in milliseconds, not after N processes loaded torch, when the heads cannot be split.
     kv_heads_per_shard(model_shape(load_model_config(model_dir)), config.num_shard)
     private_dir: Path | None = None

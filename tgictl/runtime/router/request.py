@@ -20,6 +20,8 @@ class ValidatedRequest:
     top_n_tokens: int = 0
     decoder_input_details: bool = False  # prompt logprobs: the whole prompt is recomputed, no prefix reuse
     max_total_new_tokens: int | None = None  # across all rounds; None = max_new_tokens
+    adapter_index: int = 0  # LoRA adapter: 0 = the base model, k = the shard's Info.adapters[k - 1]
+    adapter: str | None = None  # its name (metrics, the OpenAI `model` echo); None = the base model
     # The request's OpenTelemetry span context (an opentelemetry SpanContext), for the batch spans'
     # links; None when not traced.
     trace: object | None = field(default=None, compare=False)

@@ -22,7 +22,7 @@ from typing import Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tgictl.config import RouterConfig
+from tgictl.config import BASE_MODEL_ALIASES, RouterConfig
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
@@ -127,6 +127,7 @@ class RouterService:
         self._client = client
         self.metrics = RouterMetrics(max_input_tokens=limits.max_input_tokens, max_total_tokens=limits.max_total_tokens)
         self.metrics.batch_max_total_tokens.set(limits.max_batch_total_tokens)
+        self.metrics.export_adapters(info.adapters)
         self.validator = Validator(
             tokenizer,
             ValidationLimits(
@@ -137,6 +138,8 @@ class RouterService:
                 max_top_n_tokens=config.max_top_n_tokens,
                 max_new_tokens_per_round=config.max_new_tokens_per_round,
                 vocab_size=info.vocab_size,
+                adapters=info.adapters,
+                base_model_names=(model_id, *BASE_MODEL_ALIASES),
             ),
             grammars,
         )
@@ -174,6 +177,9 @@ class RouterService:
             kv_usage=lambda: kv_usage_fraction(allocator.used_blocks, allocator.total_blocks),
             block_size=info.block_size,
             num_blocks=allocator.total_blocks,
+            max_lora=len(info.adapters),
+            running_adapters=lambda: (entry.request.adapter for entry in self.batcher.entries()),
+            waiting_adapters=lambda: (entry.request.adapter for entry in self.queue.entries()),
         ))
         self._executor = ThreadPoolExecutor(config.validation_workers, thread_name_prefix="validation")
         self._batcher_task: asyncio.Task[None] | None = None
@@ -265,10 +271,16 @@ class RouterService:
         channel = self.batcher.submit(requests, self.config.max_new_tokens_per_round)
         self._channels.add(channel)
         starts = [a.start for a in admissions]
-        channel.on_close(lambda c: self._closed(c, starts, traced))
+        adapters = [r.adapter for r in requests]
+        for request in requests:
+            self.metrics.observe_queued(request.adapter, request.input_length)
+        channel.on_close(lambda c: self._closed(c, starts, adapters, traced))
         return channel
 
-    def _closed(self, channel: EventChannel, starts: Sequence[float], trace_parent: otel_context.Context | None) -> None:
+    def _closed(
+        self, channel: EventChannel, starts: Sequence[float], adapters: Sequence[str | None],
+        trace_parent: otel_context.Context | None,
+    ) -> None:
         """Every request's outcome is counted once, when its channel closes; a traced request gets
         its queue, prefill and decode spans from the scheduler's timings."""
         self._channels.discard(channel)
@@ -276,7 +288,7 @@ class RouterService:
         for index, start in enumerate(starts):
             event = channel.ends.get(index)
             if isinstance(event, EndEvent):
-                self.metrics.observe_end(now - start, event)
+                self.metrics.observe_end(now - start, event, adapters[index])
                 if trace_parent is not None:
                     phase_spans(trace_parent, event)
             else:

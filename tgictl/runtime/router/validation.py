@@ -13,6 +13,7 @@ import random
 import struct
 from dataclasses import dataclass
 
+from tgictl.config import BASE_MODEL_ALIASES
 from tgictl.errors import ValidationError
 from tgictl.proto.messages import SamplingParams
 from tgictl.runtime.router.guided.grammars import GrammarRequest, GrammarValidator
@@ -35,6 +36,8 @@ class ValidationLimits:
     max_top_n_tokens: int = 5
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
     vocab_size: int | None = None  # the model's: token-id prompts must stay below it
+    adapters: tuple[str, ...] = ()  # the shard's LoRA adapters, in adapter_index order (from 1)
+    base_model_names: tuple[str, ...] = BASE_MODEL_ALIASES  # names that mean "no adapter"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class GenerationInput:
     # holds its decoded text.
     input_ids: tuple[int, ...] | None = None
     grammar: GrammarRequest | None = None  # the output must follow it (docs/architecture.md, "Guided generation")
+    adapter_id: str | None = None  # TGI's parameters.adapter_id: a LoRA adapter's name (docs/architecture.md, "Multi-LoRA")
+    # OpenAI's `model`: names an adapter when adapters are loaded; ignored otherwise (as TGI does).
+    model: str | None = None
 
 
 # The shards compute in float32: a larger double (1e308) becomes inf there and fails the batch.
@@ -193,6 +199,7 @@ class Validator:
             raise ValidationError(
                 f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
             )
+        adapter_index, adapter = self._adapter(request)
         if request.grammar is not None:  # TGI checks the grammar last, too
             if self._grammars is None:
                 raise ValidationError("grammar is not supported")
@@ -206,6 +213,23 @@ class Validator:
             ignore_eos=request.ignore_eos,
             top_n_tokens=top_n,
             decoder_input_details=request.decoder_input_details,
+            adapter_index=adapter_index,
+            adapter=adapter,
+        )
+
+    def _adapter(self, request: GenerationInput) -> tuple[int, str | None]:
+        """(adapter_index, name) of the request's adapter; (0, None) for the base model."""
+        limits = self.limits
+        name = request.adapter_id if request.adapter_id is not None else request.model if limits.adapters else None
+        if name is None or name == "" or name in limits.base_model_names:
+            return 0, None
+        if name in limits.adapters:
+            return limits.adapters.index(name) + 1, name
+        known = ", ".join(f"`{n}`" for n in limits.adapters) or "none"
+        base = ", ".join(f"`{n}`" for n in limits.base_model_names)
+        field = "adapter_id" if request.adapter_id is not None else "model"
+        raise ValidationError(
+            f"`{field}` `{name}` is not a loaded LoRA adapter; adapters: {known} (the base model: {base})"
         )
 
     def _prompt_ids(self, request: GenerationInput) -> list[int]:

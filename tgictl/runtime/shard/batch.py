@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
+from tgictl.kernels.lora import StepAdapters, group_tokens
 from tgictl.proto.messages import Batch, CachedBatch, Request
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, Matcher
 from tgictl.runtime.shard.sampling.sampler import (
@@ -95,11 +96,17 @@ class StepInputs:
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     # [B] logit rows each request samples from (1 + its draft length); None: one each.
     sample_counts: list[int] | None = None
+    # The tokens grouped by LoRA adapter; None when no row uses one (docs/architecture.md, "Multi-LoRA").
+    adapters: StepAdapters | None = None
 
 
-def _check_request(request: Request, block_size: int, num_blocks: int, vocab_size: int) -> None:
+def _check_request(request: Request, block_size: int, num_blocks: int, vocab_size: int, num_adapters: int) -> None:
     """Reject what would corrupt the cache or index out of range; messages name field and limit."""
     rid, prompt_len = request.id, len(request.input_ids)
+    if not 0 <= request.adapter_index <= num_adapters:
+        raise InvalidRequestError(
+            f"request {rid}: adapter_index must be in 0 .. {num_adapters} (0: the base model), got {request.adapter_index}"
+        )
     if prompt_len == 0:
         raise InvalidRequestError(f"request {rid}: input_ids must not be empty")
     if request.stopping.max_new_tokens < 1:
@@ -166,16 +173,18 @@ class ShardBatch:
         vocab_size: int,
         device: torch.device,
         grammars: GrammarCompiler | None = None,
+        num_adapters: int = 0,
     ) -> ShardBatch:
         """Validate the router's batch against this shard's cache and build the first step's rows;
-        a constrained request gets its matcher from `grammars` (None: grammars are refused)."""
+        a constrained request gets its matcher from `grammars` (None: grammars are refused);
+        `num_adapters`: LoRA adapters loaded (a request's adapter_index is at most this)."""
         if not batch.requests:
             raise InvalidRequestError(f"batch {batch.id}: requests must not be empty")
         if len({r.id for r in batch.requests}) != len(batch.requests):
             raise InvalidRequestError(f"batch {batch.id}: request ids must be unique")
         rows = []
         for request in batch.requests:
-            _check_request(request, block_size, num_blocks, vocab_size)
+            _check_request(request, block_size, num_blocks, vocab_size, num_adapters)
             rest = len(request.input_ids) - request.cache_len
             rows.append(
                 RowState(
@@ -282,7 +291,7 @@ class ShardBatch:
                 tables.append(row.request.blocks)
         return cache_lens, new_lens, tables
 
-    def step_inputs(self, device: torch.device) -> StepInputs:
+    def step_inputs(self, device: torch.device, num_adapters: int = 0) -> StepInputs:
         """Pack the next forward's inputs.
 
         Rows contribute their next tokens in batch order: a prefilling row its chunk
@@ -319,6 +328,7 @@ class ShardBatch:
             slots.extend(row.request.slots[start : start + n])
             offset += n
         cache_lens, new_lens, tables = self._attention_layout()
+        adapters = self._adapters(logit_rows, device, num_adapters) if num_adapters else None
         packed = torch.tensor(ids + positions + slots + logit_rows, dtype=torch.int64).to(device)
         t = len(ids)
         return StepInputs(
@@ -334,5 +344,17 @@ class ShardBatch:
             block_tables=tables,
             prompt_spans=spans,
             sample_counts=counts if len(counts) != len(sample_rows) else None,
+            adapters=adapters,
         )
+
+    def _adapters(self, logit_rows: list[int], device: torch.device, num_adapters: int) -> StepAdapters | None:
+        """Each new token's adapter slot (adapter_index - 1; -1: the base model), grouped once for
+        every layer, and the same for the rows the LM head reads."""
+        token_slots: list[int] = []
+        for row in self.rows:  # a row verifying drafts computes 1 + len(draft) tokens: its chunk_len
+            token_slots += [row.request.adapter_index - 1] * row.chunk_len
+        groups = group_tokens(token_slots, num_adapters, device)
+        if groups is None:  # every row is on the base model
+            return None
+        return StepAdapters(groups, groups.select(logit_rows, device))
 

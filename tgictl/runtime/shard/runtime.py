@@ -32,6 +32,8 @@ from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.host_memory import release_free_memory
 from tgictl.runtime.shard.kv_cache import KVCache
+from tgictl.runtime.shard.lora.attach import attach_adapters, read_adapters
+from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.registry import load_model
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler
@@ -77,6 +79,7 @@ class ShardRuntime:
         block_size: int,
         kv_settings: KVMemorySettings,
         grammars: GrammarCompiler | None = None,
+        adapters: Sequence[str] = (),
     ) -> None:
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {block_size}")
@@ -87,8 +90,10 @@ class ShardRuntime:
         self.dist = dist
         self.block_size = block_size
         self.kv_settings = kv_settings
+        self.adapters = tuple(adapters)  # LoRA adapter names, already attached to the model
         self.runner = ModelRunner(
-            model, self.make_cache(1), block_size=block_size, dist=dist, device=device, grammars=grammars
+            model, self.make_cache(1), block_size=block_size, dist=dist, device=device, grammars=grammars,
+            num_adapters=len(self.adapters),
         )
         self._steps = 0  # Prefill and Decode steps run, for the periodic heap trim
 
@@ -103,12 +108,18 @@ class ShardRuntime:
         kv_cache_memory: int | None = None,
         cuda_memory_fraction: float = 0.9,
         quantize: QuantizeSpec | None = None,
+        lora_adapters: Sequence[tuple[str, Path]] = (),
     ) -> ShardRuntime:
         """Load this rank's slice of the model. kv_cache_memory: bytes (see warmup.py for defaults);
-        quantize: --quantize for a safetensors model (docs/architecture.md, "Weight formats")."""
+        quantize: --quantize for a safetensors model (docs/architecture.md, "Weight formats");
+        lora_adapters: (name, PEFT directory) pairs, checked before the model's weights are read."""
         settings = KVMemorySettings(kv_cache_memory=kv_cache_memory, cuda_memory_fraction=cuda_memory_fraction)
         torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
+        # A bad adapter fails start-up before the (much larger) model is read.
+        adapters = read_adapters(lora_adapters, ModelConfig.from_dir(Path(model_dir)), torch_dtype, torch_device)
         model = load_model(Path(model_dir), dtype=torch_dtype, device=torch_device, dist=dist, quantize=quantize)
+        attach_adapters(model, adapters, torch_device)
+        del adapters  # the stacked copies on the model are what is served
         release_free_memory(collect_garbage=True)  # the parts of the fused weights, freed at load
         if torch_device.type == "cpu":
             load_native_kernels()  # built (about a second, once per machine) now, not in the first request
@@ -121,7 +132,7 @@ class ShardRuntime:
         )
         return cls(
             model, dtype=torch_dtype, device=torch_device, dist=dist, block_size=block_size, kv_settings=settings,
-            grammars=grammars,
+            grammars=grammars, adapters=[name for name, _ in lora_adapters],
         )
 
     def make_cache(self, num_blocks: int) -> KVCache:
@@ -142,6 +153,7 @@ class ShardRuntime:
             eos_token_ids=tuple(self.config.eos_token_ids),
             world_size=self.dist.world_size,
             speculate=self.runner.speculation.tokens,
+            adapters=self.adapters,
         )
 
     def warmup(self, request: WarmupRequest) -> WarmupResult:
@@ -173,6 +185,7 @@ class ShardRuntime:
             vocab_size=self.config.vocab_size,
             device=self.device,
             grammars=self.runner.grammars,
+            num_adapters=len(self.adapters),
         )
 
     def prefill(self, batch: Batch, cached: ShardBatch | None = None) -> StepOutput:

@@ -65,6 +65,15 @@ def _resolve_model(config: ShardConfig, hub: HubConfig | None) -> Path:
     return resolve_model(config.model_id, config.revision, hub=hub)
 
 
+def _resolve_adapters(config: ShardConfig, hub: HubConfig | None) -> list[tuple[str, Path]]:
+    if not config.lora_adapters:
+        return []
+    from tgictl.runtime.model_files.resolve_adapter import resolve_adapter
+
+    hub = hub if hub is not None else HubConfig.from_env(read_env())
+    return [(spec.name, resolve_adapter(spec, hub)) for spec in config.lora_adapters]
+
+
 def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     """Serve one rank until SIGTERM/SIGINT. Raises DeviceError after an unrecoverable RPC error."""
     apply_shard_library_defaults()
@@ -72,6 +81,7 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     prepare_socket_dir(socket_path.parent)
     check_socket_path(socket_path)
     model_dir = _resolve_model(config, hub)
+    adapters = _resolve_adapters(config, hub)
     device = select_device(config.rank)
     dtype = config.dtype or default_dtype(device)
     dist = init_distributed(
@@ -82,6 +92,7 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
         runtime = ShardRuntime.load(
             model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory,
             quantize=config.quantize,
+            lora_adapters=adapters,
         )
     runtime.set_speculation(config.speculation)
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)

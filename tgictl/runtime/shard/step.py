@@ -61,6 +61,7 @@ class ModelRunner:
         device: torch.device,
         grammars: GrammarCompiler | None = None,
         forced_tokens: bool = True,
+        num_adapters: int = 0,
     ) -> None:
         if kv_cache.block_size != block_size:
             raise ConfigError(f"KV cache block_size {kv_cache.block_size} != runner block_size {block_size}")
@@ -75,6 +76,7 @@ class ModelRunner:
         self.grammars = grammars  # None: grammars are refused
         self.forced_tokens = forced_tokens  # False: forced tokens are sampled one step each (measurements)
         self.last_masks: MaskJob | None = None  # the last step's mask job, for its timings (scripts)
+        self.num_adapters = num_adapters  # LoRA adapters attached to the model's linears
         self.speculation = SpeculationConfig()  # off until set_speculation
         self.new_drafter: Callable[[RowState], Drafter] = lambda row: RowDrafter.create(self.speculation)
 
@@ -95,12 +97,13 @@ class ModelRunner:
         )
         with torch.inference_mode():
             return self.model.forward(
-                inputs.input_ids, inputs.positions, inputs.slots, self.kv_cache, meta, inputs.logit_indices
+                inputs.input_ids, inputs.positions, inputs.slots, self.kv_cache, meta, inputs.logit_indices,
+                inputs.adapters,
             )
 
     def generate_token(self, batch: ShardBatch) -> tuple[list[Generation], ShardBatch | None, Timings]:
         start = time.perf_counter_ns()
-        inputs = batch.step_inputs(self.device)
+        inputs = batch.step_inputs(self.device, self.num_adapters)
         rows = batch.rows
         emits = [row.cache_len + row.chunk_len >= row.prompt_len for row in rows]
         constrained = [(row.matcher, b) for b, row in enumerate(rows) if row.matcher is not None and emits[b]]

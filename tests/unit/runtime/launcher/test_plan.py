@@ -203,3 +203,14 @@ def test_tracing_reaches_the_router_and_every_shard_under_their_service_names() 
     untraced = build_plan(LaunchConfig(router=router_config(), model_id="org/model"), MODEL, BASE, LogConfig(), {},
                           master_port=29600)
     assert "--otlp-endpoint" not in untraced.shards[0].argv + untraced.router.argv
+
+
+def test_every_shard_gets_the_resolved_lora_adapters() -> None:
+    from tgictl.config import LoraAdapterSpec
+
+    adapters = (LoraAdapterSpec("sql", "/adapters/sql"), LoraAdapterSpec("org/chat", "/cache/chat"))
+    config = LaunchConfig(router=router_config(), model_id="org/model", num_shard=2, lora_adapters=adapters)
+    plan = build_plan(config, MODEL, BASE, LogConfig(), {}, master_port=29600)
+    for shard in plan.shards:
+        flag = shard.argv.index("--lora-adapters")
+        assert shard.argv[flag + 1] == "sql=/adapters/sql,org/chat=/cache/chat"

@@ -149,3 +149,24 @@ def test_grammars_are_compiled_at_validation_and_refused_without_an_engine(tiny_
     without = Validator(RouterTokenizer(tiny_model_dir), limits)
     with pytest.raises(ValidationError, match="grammar is not supported"):
         without.validate(GenerationInput(inputs="hi", grammar=GrammarRequest("regex", "a")))
+
+
+def test_adapters_by_adapter_id_and_openai_model(tiny_model_dir: Path) -> None:
+    limits = ValidationLimits(
+        max_input_tokens=20, max_total_tokens=30, adapters=("sql", "chat"), base_model_names=("org/base", "tgi")
+    )
+    validator = Validator(RouterTokenizer(tiny_model_dir), limits)
+    check = lambda **f: (lambda r: (r.adapter_index, r.adapter))(validator.validate(GenerationInput(inputs="hi", **f)))  # noqa: E731
+    assert check() == (0, None)
+    assert check(adapter_id="chat") == (2, "chat")
+    assert check(model="sql") == (1, "sql")
+    assert check(model="tgi") == check(model="org/base") == check(adapter_id="") == (0, None)
+    assert check(adapter_id="sql", model="chat") == (1, "sql")  # TGI's parameter wins
+    detail = message(validator, adapter_id="nope")
+    assert detail == "`adapter_id` `nope` is not a loaded LoRA adapter; adapters: `sql`, `chat` (the base model: `org/base`, `tgi`)"
+    assert "`model` `gpt-4` is not a loaded LoRA adapter" in message(validator, model="gpt-4")
+
+
+def test_without_adapters_openai_model_is_ignored_but_adapter_id_is_checked(validator: Validator) -> None:
+    assert validator.validate(GenerationInput(inputs="hi", model="gpt-4")).adapter_index == 0
+    assert "adapters: none" in message(validator, adapter_id="lora")

@@ -101,3 +101,43 @@ def test_duplicate_request_ids_are_refused() -> None:
     pool = BlockPool()
     with pytest.raises(InvalidRequestError, match="unique"):
         build([make_request(pool, 1, [1, 2]), make_request(pool, 1, [3, 4])])
+
+
+def test_adapter_rows_are_grouped_per_token_and_out_of_range_indices_refused() -> None:
+    pool = BlockPool()
+    requests = [
+        dataclasses.replace(make_request(pool, 1, [5, 6, 7], max_new_tokens=2), adapter_index=2),
+        make_request(pool, 2, [8, 9], max_new_tokens=2),
+        dataclasses.replace(make_request(pool, 3, [10], max_new_tokens=2), adapter_index=1),
+    ]
+    batch = ShardBatch.from_batch(Batch(id=1, requests=tuple(requests)), block_size=16, num_blocks=64,
+                                  vocab_size=VOCAB, device=CPU, num_adapters=2)
+    inputs = batch.step_inputs(CPU, num_adapters=2)
+    assert inputs.adapters is not None
+    assert inputs.adapters.tokens.slots == (0, 1) and inputs.adapters.tokens.tokens == ((5,), (0, 1, 2))
+    assert inputs.adapters.logit_rows is not None and inputs.adapters.logit_rows.tokens == ((2,), (0,))
+    assert build([make_request(pool, 4, [1, 2])]).step_inputs(CPU, num_adapters=2).adapters is None
+    with pytest.raises(InvalidRequestError, match="adapter_index must be in 0 .. 2"):
+        ShardBatch.from_batch(Batch(id=2, requests=(dataclasses.replace(requests[1], adapter_index=3),)),
+                              block_size=16, num_blocks=64, vocab_size=VOCAB, device=CPU, num_adapters=2)
+
+
+def test_a_row_verifying_drafts_gives_every_draft_token_and_logit_row_its_adapter() -> None:
+    pool = BlockPool()
+    requests = [
+        dataclasses.replace(make_request(pool, 1, [5, 6, 7], max_new_tokens=8), adapter_index=1),
+        make_request(pool, 2, [8, 9], max_new_tokens=2),
+        dataclasses.replace(make_request(pool, 3, [10], max_new_tokens=2), adapter_index=2),
+    ]
+    batch = ShardBatch.from_batch(Batch(id=1, requests=tuple(requests)), block_size=16, num_blocks=64,
+                                  vocab_size=VOCAB, device=CPU, num_adapters=2)
+    drafting = batch.rows[0]  # decoding: generated 99, then verifies three drafts in one forward
+    drafting.cache_len, drafting.generated, drafting.draft = 3, 1, [5, 6, 7]
+    drafting.all_ids.append(99)
+    drafting.chunk_len = 1 + len(drafting.draft)
+    inputs = batch.step_inputs(CPU, num_adapters=2)
+    assert inputs.input_ids.tolist() == [99, 5, 6, 7, 8, 9, 10]
+    assert inputs.logit_indices.tolist() == [0, 1, 2, 3, 5, 6]
+    assert inputs.adapters is not None
+    assert inputs.adapters.tokens.slots == (0, 1) and inputs.adapters.tokens.tokens == ((0, 1, 2, 3), (6,))
+    assert inputs.adapters.logit_rows is not None and inputs.adapters.logit_rows.tokens == ((0, 1, 2, 3), (5,))

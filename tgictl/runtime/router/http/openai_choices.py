@@ -116,6 +116,8 @@ class OpenAIRun:
     ) -> Response:
         """`chunk` may return None for an event that releases nothing yet (a tool call being read)."""
         admissions, validated = await start_jobs(self.service, jobs)
+        if validated and validated[0].adapter is not None:  # every choice names the same `model`
+            self.model = validated[0].adapter  # the adapter's name, as the client asked (vLLM's echo)
         channel = self.service.open(admissions, validated)
 
         def release() -> None:

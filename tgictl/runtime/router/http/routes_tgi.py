@@ -229,6 +229,8 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
                 "block_size": service.info.block_size,
                 "prefix_caching": service.prefix_caching,
                 "speculate": service.info.speculate,
+                # LoRA adapters a request may name (parameters.adapter_id, OpenAI `model`), in load order.
+                "lora_adapters": list(service.info.adapters),
                 "validation_workers": config.validation_workers,
                 "max_client_batch_size": config.max_client_batch_size,
                 "router": "tgictl-router",
@@ -245,10 +247,12 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
 
     @router.get("/v1/models", dependencies=protected, tags=["OpenAI"])
     async def models() -> Response:
-        """The served model, OpenAI style."""
-        return TgiJSONResponse(
-            {"object": "list", "data": [{"id": service.model_id, "object": "model", "created": 0,
-                                         "owned_by": service.model_id}]}
-        )
+        """The served model and its LoRA adapters (each a `model` a request may name), OpenAI style."""
+        base = {"id": service.model_id, "object": "model", "created": 0, "owned_by": service.model_id}
+        adapters = [
+            {"id": name, "object": "model", "created": 0, "owned_by": service.model_id, "parent": service.model_id}
+            for name in service.info.adapters
+        ]
+        return TgiJSONResponse({"object": "list", "data": [base, *adapters]})
 
     return router

@@ -180,6 +180,7 @@ class SamplingFields(BaseModel):
             input_ids=input_ids,
             decoder_input_details=prompt_logprobs,
             grammar=grammar,
+            model=self.model,
         )
 
 

@@ -65,8 +65,6 @@ def unsupported(parameters: GenerateParameters) -> None:
     """Features TGI has and tgictl does not: refused with a validation error, never ignored."""
     if parameters.watermark:
         raise ValidationError("`watermark` is not supported")
-    if parameters.adapter_id is not None:
-        raise ValidationError("`adapter_id` is not supported: LoRA adapters are not available")
 
 
 def to_generation_input(request: GenerateRequest, *, stream: bool) -> GenerationInput:
@@ -94,4 +92,5 @@ def to_generation_input(request: GenerateRequest, *, stream: bool) -> Generation
         decoder_input_details=bool(p.decoder_input_details),
         ignore_eos=bool(p.ignore_eos),
         grammar=tgi_grammar(p.grammar) if p.grammar is not None else None,
+        adapter_id=p.adapter_id,
     )

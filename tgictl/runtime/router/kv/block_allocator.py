@@ -74,9 +74,12 @@ class KvAllocator(Protocol):
         """Live (allocated, not yet freed) allocations."""
         ...
 
-    def allocate(self, tokens: int, prefill_tokens: Sequence[int] | None) -> BlockAllocation | None:
+    def allocate(
+        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0
+    ) -> BlockAllocation | None:
         """Blocks for `tokens` KV entries; `prefill_tokens` (the prompt ids, or None to skip the
-        cache) is the prefix-cache key. None when the blocks do not fit; then nothing stays
+        cache) is the prefix-cache key within `namespace` (the LoRA adapter index: the same ids under
+        two adapters have different KV). None when the blocks do not fit; then nothing stays
         pinned or taken."""
         ...
 
@@ -207,7 +210,9 @@ class BlockAllocator(BlockPool):
     def num_allocations(self) -> int:
         return len(self._live)
 
-    def allocate(self, tokens: int, prefill_tokens: Sequence[int] | None) -> BlockAllocation | None:
+    def allocate(
+        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0
+    ) -> BlockAllocation | None:
         check_allocate_args(tokens, prefill_tokens)
         need = blocks_for(tokens, self._block_size)
         free = self._free

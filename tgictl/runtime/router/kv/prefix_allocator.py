@@ -41,16 +41,17 @@ def create_allocator(num_blocks: int, block_size: int, prefix_caching: bool) -> 
 class _Live:
     """What free() needs to know about a live allocation."""
 
-    __slots__ = ("node", "prefix_blocks", "prompt", "blocks")
+    __slots__ = ("node", "prefix_blocks", "prompt", "blocks", "namespace")
 
     def __init__(
         self, node: TrieNode, prefix_blocks: int, prompt: tuple[int, ...] | None,
-        blocks: tuple[int, ...],
+        blocks: tuple[int, ...], namespace: int,
     ) -> None:
         self.node = node  # pinned trie node (the root when nothing was cached)
         self.prefix_blocks = prefix_blocks  # blocks[:prefix_blocks] belong to the trie
         self.prompt = prompt  # the prefill key, None when the caller skipped the cache
         self.blocks = blocks
+        self.namespace = namespace  # the trie root it was looked up and is published under
 
 
 class RadixAllocator(BlockPool):
@@ -82,14 +83,16 @@ class RadixAllocator(BlockPool):
     def num_allocations(self) -> int:
         return len(self._live)
 
-    def allocate(self, tokens: int, prefill_tokens: Sequence[int] | None) -> BlockAllocation | None:
+    def allocate(
+        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0
+    ) -> BlockAllocation | None:
         check_allocate_args(tokens, prefill_tokens)
         trie, bs = self._trie, self._block_size
         prompt = None if prefill_tokens is None else tuple(prefill_tokens)
         if prompt:
-            node, blocks = trie.find(prompt)
+            node, blocks = trie.find(prompt, namespace)
         else:
-            node, blocks = trie.root, []
+            node, blocks = trie.root_for(namespace), []
         # Pin before measuring what is evictable, so the prefix we are about to use is not.
         trie.pin(node)
         prefix_blocks = len(blocks)
@@ -109,7 +112,7 @@ class RadixAllocator(BlockPool):
         allocation_id = self._next_id
         self._next_id += 1
         block_tuple = tuple(blocks)
-        self._live[allocation_id] = _Live(node, prefix_blocks, prompt, block_tuple)
+        self._live[allocation_id] = _Live(node, prefix_blocks, prompt, block_tuple, namespace)
         self._suffix_blocks += need
         # With 1-token blocks there is exactly one block per token: slots are the blocks.
         slots = block_tuple if bs == 1 else slots_for(block_tuple, bs, tokens)
@@ -135,7 +138,7 @@ class RadixAllocator(BlockPool):
         # Nothing ran between unpin and insert, so the trie still holds our prefix and
         # `present` covers it; blocks in [prefix, present) were published meanwhile by an
         # overlapping request and ours are duplicates.
-        present = trie.insert(computed[: full * bs], blocks[:full]) // bs
+        present = trie.insert(computed[: full * bs], blocks[:full], live.namespace) // bs
         if present < prefix:
             raise AllocatorIntegrityError(
                 f"allocation {allocation.allocation_id}'s cached prefix vanished from the trie"
@@ -166,7 +169,9 @@ class RadixAllocator(BlockPool):
             direct = node.ref_count - len(node.children)
             if direct != pins.pop(id(node), 0):
                 raise AllocatorIntegrityError(f"{node!r}: {direct} pins, allocations disagree")
-        pins.pop(id(trie.root), None)
+        for live in self._live.values():
+            if live.node.node_id <= 0:  # pinned to a root: nothing was cached
+                pins.pop(id(live.node), None)
         if pins:
             raise AllocatorIntegrityError(f"{len(pins)} allocations pin nodes outside the trie")
         if suffix != self._suffix_blocks:

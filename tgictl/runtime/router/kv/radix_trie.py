@@ -4,7 +4,11 @@ A node maps a run of prompt tokens (`key`, a multiple of block_size long) to the
 their KV (`blocks`, one per block_size tokens). Looking up `abcd` also finds `ab`: values have the
 same shape as keys, so any block-aligned prefix of a path is a valid hit.
 
-Reference counts: `ref_count` = children + allocations pinned directly to the node (the root is
+Namespaces: one root per namespace (the LoRA adapter index; 0 the base model), so the same tokens under
+two adapters never share a node while eviction stays one LRU over every namespace's leaves. Roots are
+the nodes with node_id <= 0 (namespace k's root has id -k): a cheap test on the pin/unpin paths.
+
+Reference counts: `ref_count` = children + allocations pinned directly to the node (a root is
 never counted). Nodes with ref_count 0 are the evictable leaves, kept in an LRU min-heap on
 (last_accessed, node_id). `pins_below` counts allocation pins in the subtree so the number of
 pinned (unevictable) blocks is known without a walk: a node is pinned iff pins_below > 0.
@@ -55,7 +59,8 @@ class RadixTrie:
 
     def __init__(self, block_size: int) -> None:
         self._bs = block_size
-        self.root = TrieNode(0, (), [], None, 0)
+        self.root = TrieNode(0, (), [], None, 0)  # namespace 0's
+        self._roots: dict[int, TrieNode] = {0: self.root}
         self._next_id = 1
         self._time = 0
         # Lazily deleted: an entry is live iff it is its node's leaf_entry.
@@ -77,6 +82,15 @@ class RadixTrie:
         """Every unpinned node is reachable by repeated leaf eviction, so this is exact."""
         return self._num_blocks - self._pinned_blocks
 
+    def root_for(self, namespace: int) -> TrieNode:
+        """The root of `namespace` (>= 0), created on first use."""
+        root = self._roots.get(namespace)
+        if root is None:
+            if namespace < 0:
+                raise AllocatorError(f"namespace must be >= 0, got {namespace}")
+            root = self._roots[namespace] = TrieNode(-namespace, (), [], None, 0)
+        return root
+
     def _edge(self, key: tuple[int, ...], pos: int) -> Hashable:
         # Children are keyed by their first block; a 1-token block by the token itself, which is
         # cheaper to hash than a 1-tuple. find/insert inline this on their hot path.
@@ -93,7 +107,7 @@ class RadixTrie:
             i += 1
         return i - i % self._bs
 
-    def find(self, key: Sequence[int]) -> tuple[TrieNode, list[int]]:
+    def find(self, key: Sequence[int], namespace: int = 0) -> tuple[TrieNode, list[int]]:
         """Longest cached block-aligned prefix of `key`: (deepest node touched, its blocks).
 
         The node may match only partly; pinning it then protects the whole node. Refreshes the
@@ -101,7 +115,7 @@ class RadixTrie:
         key = tuple(key)
         self._time += 1
         now, bs = self._time, self._bs
-        node, blocks, pos = self.root, [], 0
+        node, blocks, pos = self.root_for(namespace), [], 0
         last = len(key) - bs  # a child can match only while a whole block remains
         while pos <= last:
             child = node.children.get(key[pos] if bs == 1 else key[pos : pos + bs])
@@ -120,7 +134,7 @@ class RadixTrie:
             return child, blocks
         return node, blocks
 
-    def insert(self, tokens: Sequence[int], blocks: Sequence[int]) -> int:
+    def insert(self, tokens: Sequence[int], blocks: Sequence[int], namespace: int = 0) -> int:
         """Publish `blocks` as the KV of `tokens`. Returns how many leading tokens were already
         cached: for those the trie keeps its own blocks and the caller's are duplicates."""
         tokens = tuple(tokens)
@@ -131,7 +145,7 @@ class RadixTrie:
             )
         self._time += 1
         now = self._time
-        node, pos, end = self.root, 0, len(tokens)
+        node, pos, end = self.root_for(namespace), 0, len(tokens)
         while pos < end:
             child = node.children.get(tokens[pos] if bs == 1 else tokens[pos : pos + bs])
             if child is None:
@@ -173,35 +187,35 @@ class RadixTrie:
 
     def pin(self, node: TrieNode) -> None:
         """Reference `node` for a live allocation: it and its ancestors cannot be evicted."""
-        if node is self.root:
+        if node.node_id <= 0:  # a root
             return
         if node.ref_count == 0:
             self._unleaf(node)
         node.ref_count += 1
-        while node is not self.root:
+        while node.node_id > 0:
             if node.pins_below == 0:
                 self._pinned_blocks += len(node.blocks)
             node.pins_below += 1
             node = node.parent  # type: ignore[assignment]  # only the root has no parent
 
     def unpin(self, node: TrieNode) -> None:
-        if node is self.root:
+        if node.node_id <= 0:
             return
         if node.ref_count <= len(node.children):
             raise AllocatorIntegrityError(f"unpin of {node!r}, which no allocation pins")
         node.ref_count -= 1
         if node.ref_count == 0:
             self._make_leaf(node)
-        while node is not self.root:
+        while node.node_id > 0:
             node.pins_below -= 1
             if node.pins_below == 0:
                 self._pinned_blocks -= len(node.blocks)
             node = node.parent  # type: ignore[assignment]
 
     def path_blocks(self, node: TrieNode) -> list[int]:
-        """The blocks from the root down to `node`, in token order."""
+        """The blocks from its root down to `node`, in token order."""
         parts: list[list[int]] = []
-        while node is not self.root:
+        while node.node_id > 0:
             parts.append(node.blocks)
             if node.parent is None:
                 raise AllocatorIntegrityError(f"{node!r} is detached from the trie")
@@ -209,8 +223,8 @@ class RadixTrie:
         return [b for part in reversed(parts) for b in part]
 
     def nodes(self) -> Iterator[TrieNode]:
-        """Every node except the root, parents before children."""
-        stack = list(self.root.children.values())
+        """Every node except the roots, parents before children."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node
@@ -219,9 +233,9 @@ class RadixTrie:
     def check_integrity(self) -> None:
         """Structure, keys, reference counts, pin counts, leaf set and block totals."""
         bs, fail = self._bs, AllocatorIntegrityError
-        root = self.root
-        if root.key or root.blocks or root.parent is not None or root.ref_count or root.leaf_entry:
-            raise fail("the root must stay empty, parentless and unreferenced")
+        for namespace, root in self._roots.items():
+            if root.key or root.blocks or root.parent is not None or root.ref_count or root.leaf_entry:
+                raise fail(f"the root of namespace {namespace} must stay empty, parentless and unreferenced")
         leaves: set[int] = set()
         total = pinned = 0
         # Post-order so children's pins_below are known when their parent is checked.
@@ -296,7 +310,7 @@ class RadixTrie:
         node = TrieNode(self._next_id, key, blocks, parent, self._time)
         self._next_id += 1
         parent.children[self._edge(key, 0)] = node
-        if parent is not self.root:
+        if parent.node_id > 0:
             if parent.ref_count == 0:
                 self._unleaf(parent)
             parent.ref_count += 1
@@ -330,7 +344,7 @@ class RadixTrie:
         del parent.children[self._edge(node.key, 0)]
         node.parent = None
         self._num_blocks -= len(node.blocks)
-        if parent is not self.root:
+        if parent.node_id > 0:
             parent.ref_count -= 1
             if parent.ref_count == 0:
                 self._make_leaf(parent)

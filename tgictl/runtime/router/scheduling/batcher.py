@@ -73,6 +73,10 @@ class Batcher:
     def in_flight(self) -> int:
         return len(self._states)
 
+    def entries(self) -> list[Entry]:
+        """The in-flight entries (a copy: the batching task changes the set)."""
+        return list(self._states.values())
+
     def entry(self, request_id: int) -> Entry | None:
         """The in-flight entry of a shard request id (tracing links a batch to its requests)."""
         return self._states.get(request_id)

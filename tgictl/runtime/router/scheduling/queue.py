@@ -40,6 +40,10 @@ class Queue:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> list[Entry]:
+        """The queued entries, in order (a copy)."""
+        return list(self._entries)
+
     def append(self, entry: Entry, *, first: bool = False) -> int:
         """Queue `entry` at the end, or at the head (`first`: a continuation round of a request that
         was already running goes before requests that never ran). Each round gets a fresh id: the
@@ -93,7 +97,8 @@ class Queue:
                     f"blocks of {self._block_size}"
                 )))
                 continue
-            allocation = self._allocator.allocate(tokens, key)
+            # Keyed by adapter: KV computed under one adapter is never another's (docs/architecture.md, "Multi-LoRA").
+            allocation = self._allocator.allocate(tokens, key, request.adapter_index)
             if allocation is None:
                 self._entries.appendleft(entry)
                 break
@@ -143,6 +148,7 @@ class Queue:
                     chunk_len=chunk_len,
                     prefill_logprobs=request.decoder_input_details,
                     top_n_tokens=request.top_n_tokens,
+                    adapter_index=request.adapter_index,
                 )
             )
         batch = Batch(

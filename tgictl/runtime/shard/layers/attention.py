@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from tgictl import kernels
 from tgictl.kernels import AttentionMetadata, fused
+from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.layers.norm import RMSNorm
 from tgictl.runtime.shard.layers.rotary import apply_rotary
@@ -74,15 +75,17 @@ class PagedAttention(nn.Module):
         value_cache: Tensor,
         meta: AttentionMetadata,
         rows: Tensor | None = None,
+        adapters: StepAdapters | None = None,
     ) -> Tensor:
         """hidden: [tokens, hidden]; cos, sin: [tokens, head_dim // 2]; slots: [tokens] int64.
 
         rows: [n] optional token rows whose output is wanted (the last layer needs only the rows the
         LM head reads); every token's K/V is stored regardless. Returns [tokens or n, hidden].
+        adapters: the step's LoRA groupings, None when no row uses an adapter.
         """
         tokens = hidden.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(hidden)  # [tokens, (h + 2 * kvh) * d]
+        qkv = self.qkv(hidden, adapters.tokens if adapters else None)  # [tokens, (h + 2 * kvh) * d]
         q = None
         if self.q_norm is None:  # rotary and the KV store in one compiled pass where it can run
             q = fused.rotary_store_kv(qkv, cos, sin, slots, key_cache, value_cache, h, kvh)
@@ -92,7 +95,7 @@ class PagedAttention(nn.Module):
         out = out.reshape(tokens, h * d)
         if rows is not None:
             out = out.index_select(0, rows)
-        return self.o_proj(out)
+        return self.o_proj(out, adapters.for_rows(rows is not None) if adapters else None)
 
     def torch_rotary_store(
         self, qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, key_cache: Tensor, value_cache: Tensor

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgictl.kernels import fused
+from tgictl.kernels.lora import AdapterGroups
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.weights import Weights
 
@@ -33,11 +34,11 @@ class GatedMLP(nn.Module):
         down = RowParallelLinear.load_columns(weights, f"{prefix}.down_proj", start, stop, bias=bias)
         return cls(gate_up, down)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: [tokens, hidden] -> [tokens, hidden]."""
-        gate_up = self.gate_up(x)  # [tokens, 2 * intermediate_per_rank]: gate, then up
+    def forward(self, x: Tensor, adapters: AdapterGroups | None = None) -> Tensor:
+        """x: [tokens, hidden] -> [tokens, hidden]; adapters: x's tokens by LoRA adapter, if any."""
+        gate_up = self.gate_up(x, adapters)  # [tokens, 2 * intermediate_per_rank]: gate, then up
         activated = fused.silu_mul(gate_up)
-        return self.down(self.torch_activation(gate_up) if activated is None else activated)
+        return self.down(self.torch_activation(gate_up) if activated is None else activated, adapters)
 
     @staticmethod
     def torch_activation(gate_up: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels import AttentionMetadata
+from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.model_config import ModelConfig
@@ -53,11 +54,12 @@ class CausalLM(nn.Module, ABC):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         logit_indices: Tensor,
+        adapters: StepAdapters | None = None,
     ) -> Tensor:
         """One step over every new token of the batch, concatenated in batch order.
 
         input_ids, positions, slots: [num_tokens] int64; logit_indices: [n] int64 rows whose logits
-        are needed. Writes the new K/V to `slots` in `kv_cache`. Returns logits [n, vocab_size]
+        are needed; adapters: the tokens' LoRA groupings (None: no token uses one). Writes the new K/V to `slots` in `kv_cache`. Returns logits [n, vocab_size]
         float32, identical on every tensor-parallel rank.
         """
         tokens = meta.num_tokens
@@ -72,7 +74,7 @@ class CausalLM(nn.Module, ABC):
                 f"the model has {self.config.num_layers} layers and the batch block_size {meta.block_size}"
             )
         with torch.inference_mode():
-            return self.compute_logits(input_ids, positions, slots, kv_cache, meta, logit_indices)
+            return self.compute_logits(input_ids, positions, slots, kv_cache, meta, logit_indices, adapters)
 
     @abstractmethod
     def compute_logits(
@@ -83,5 +85,6 @@ class CausalLM(nn.Module, ABC):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         logit_indices: Tensor,
+        adapters: StepAdapters | None = None,
     ) -> Tensor:
         """`forward` after its checks, inside inference mode."""

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from tgictl.kernels import AttentionMetadata
+from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.layers.attention import AttentionOptions, PagedAttention
@@ -47,6 +48,7 @@ class DecoderLayer(nn.Module):
         value_cache: Tensor,
         meta: AttentionMetadata,
         rows: Tensor | None = None,
+        adapters: StepAdapters | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The residual stream is hidden + delta (delta: the previous layer's MLP output, None before
         the first layer), added here together with the input norm, in one pass (docs/architecture.md,
@@ -56,10 +58,11 @@ class DecoderLayer(nn.Module):
             normed = self.input_norm(hidden)
         else:
             hidden, normed = self.input_norm.add_forward(hidden, delta)
-        attended = self.attention(normed, cos, sin, slots, key_cache, value_cache, meta, rows)
+        attended = self.attention(normed, cos, sin, slots, key_cache, value_cache, meta, rows, adapters)
         residual = hidden if rows is None else hidden.index_select(0, rows)
         hidden, normed = self.post_attention_norm.add_forward(residual, attended)
-        return hidden, self.mlp(normed)
+        mlp_adapters = adapters.for_rows(rows is not None) if adapters else None
+        return hidden, self.mlp(normed, mlp_adapters)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -93,6 +96,7 @@ class LlamaForCausalLM(CausalLM):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         logit_indices: Tensor,
+        adapters: StepAdapters | None = None,
     ) -> Tensor:
         seq_lens = None
         if self.rotary.needs_seq_lens:
@@ -106,7 +110,7 @@ class LlamaForCausalLM(CausalLM):
         for i, layer in enumerate(self.layers):
             key_cache, value_cache = kv_cache.layer(i)
             rows = logit_indices if i == last else None  # after the last attention only these rows matter
-            hidden, delta = layer(hidden, delta, cos, sin, slots, key_cache, value_cache, meta, rows)
+            hidden, delta = layer(hidden, delta, cos, sin, slots, key_cache, value_cache, meta, rows, adapters)
         if delta is None:  # a model without layers
             return self.lm_head(self.norm(hidden))
         return self.lm_head(self.norm.add_forward(hidden, delta)[1])  # [n, vocab] float32

@@ -43,12 +43,21 @@ def test_tgi_do_sample_quirk_and_explicit_nulls() -> None:
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("watermark", True, "`watermark` is not supported"),
-    ("adapter_id", "lora", "`adapter_id` is not supported"),
 ])
 def test_tgi_unsupported_features_are_refused(field: str, value: object, message: str) -> None:
     request = GenerateRequest.model_validate({"inputs": "hi", "parameters": {field: value}})
     with pytest.raises(ValidationError, match=message):
         to_generation_input(request, stream=False)
+
+
+def test_adapter_id_and_openai_model_reach_validation() -> None:
+    request = GenerateRequest.model_validate({"inputs": "hi", "parameters": {"adapter_id": "lora"}})
+    assert to_generation_input(request, stream=False).adapter_id == "lora"
+    from tgictl.runtime.router.http.schemas_openai import CompletionRequest
+
+    body = CompletionRequest.model_validate({"model": "sql", "prompt": "hi"})
+    chosen = body.generation_input("hi", max_new_tokens=2, top_n_tokens=None, choice=0, add_special_tokens=True)
+    assert chosen.model == "sql" and chosen.adapter_id is None
 
 
 def test_tgi_mistyped_fields_fail_schema_validation() -> None:
