@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from tgictl.kernels import build_attention_metadata  # noqa: E402
 from tgictl.kernels.attention_fast import _decode_output, _decode_scores  # noqa: E402
+from tgictl.kernels.batch_invariance import enable_batch_invariance  # noqa: E402
 from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams  # noqa: E402
 from tgictl.runtime.shard.batch import ShardBatch  # noqa: E402
 from tgictl.runtime.shard.dist import DistContext  # noqa: E402
@@ -68,7 +69,8 @@ def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int,
     for `new_tokens` more tokens per row."""
     model = load_model(model_dir, dtype=dtype, device=torch.device("cpu"), dist=DistContext.single())
     requests = _requests(batch, context, new_tokens, model.config.vocab_size)
-    blocks = 1 + batch * -(-(context + new_tokens) // BLOCK)
+    # room for every row, then for one more prompt of `context` tokens (--compare-batch-invariant)
+    blocks = 1 + (batch + 1) * -(-(context + new_tokens) // BLOCK)
     runner = ModelRunner(
         model, model.allocate_kv_cache(blocks, BLOCK), block_size=BLOCK, dist=DistContext.single(),
         device=torch.device("cpu"),
@@ -84,6 +86,20 @@ def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int,
             raise SystemExit("a prefill finished its request: new_tokens must be > 1")
         parts.append(kept)
     return model, runner, ShardBatch.concatenate(parts)
+
+
+def _prefill_seconds(runner: ModelRunner, prompt: list[int], vocab: int) -> float:
+    """One prompt's whole prefill through the runner, in blocks after every decode batch's."""
+    first = runner.kv_cache.num_blocks - -(-(len(prompt) + 1) // BLOCK)
+    blocks = tuple(range(first, runner.kv_cache.num_blocks))
+    request = Request(id=10**6, input_ids=tuple(prompt), sampling=SamplingParams(),
+                      stopping=StoppingParams(max_new_tokens=2, ignore_eos=True), blocks=blocks,
+                      slots=tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(len(prompt) + 1)))
+    part = ShardBatch.from_batch(Batch(id=10**6, requests=(request,)), block_size=BLOCK,
+                                 num_blocks=runner.kv_cache.num_blocks, vocab_size=vocab, device=torch.device("cpu"))
+    start = time.perf_counter()
+    runner.generate_token(part)
+    return time.perf_counter() - start
 
 
 def contiguous_step(model: CausalLM, ids: Tensor, position: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -124,6 +140,9 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="also profile this many steps (torch.profiler)")
     parser.add_argument("--compare-native", action="store_true",
                         help="also time the bare forward with the compiled decode kernel off, alternating")
+    parser.add_argument("--compare-batch-invariant", action="store_true",
+                        help="also time the served step (and one prompt's prefill) with --batch-invariant "
+                        "on and off, alternating")
     parser.add_argument("--compare-fused", action="store_true",
                         help="also time the served step with the fused elementwise kernels and the greedy "
                         "kernel (kernels/fused.py) off, alternating step by step")
@@ -131,7 +150,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    new_tokens = args.steps * (4 if args.compare_fused else 2) + args.profile + 8
+    new_tokens = args.steps * (4 if args.compare_fused or args.compare_batch_invariant else 2) + args.profile + 8
     prefill_start = time.perf_counter()
     model, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, new_tokens)
     prefill_tps = args.batch * args.context / (time.perf_counter() - prefill_start)
@@ -218,6 +237,25 @@ def main() -> None:
         print(f"served step, fused kernels on: {fused_s * 1e3:.1f} ms ({args.batch / fused_s:.0f} tok/s); "
               f"off (torch ops): {torch_s * 1e3:.1f} ms ({args.batch / torch_s:.0f} tok/s): "
               f"{torch_s / fused_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.compare_batch_invariant:
+        invariant: list[float] = []
+        default: list[float] = []
+        for _ in range(args.steps):
+            enable_batch_invariance(True)
+            invariant.append(timed(lambda: runner.generate_token(batch)))
+            enable_batch_invariance(False)
+            default.append(timed(lambda: runner.generate_token(batch)))
+        on_s, off_s = statistics.median(invariant), statistics.median(default)
+        print(f"served step, --batch-invariant: {on_s * 1e3:.1f} ms ({args.batch / on_s:.0f} tok/s); default: "
+              f"{off_s * 1e3:.1f} ms ({args.batch / off_s:.0f} tok/s): {on_s / off_s:.2f}x the time; "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        prompt = torch.randint(0, vocab, (args.context,)).tolist()
+        for label, enabled in (("--batch-invariant", True), ("default", False), ("--batch-invariant", True),
+                               ("default", False)):
+            enable_batch_invariance(enabled)
+            print(f"  prefill of one {args.context}-token prompt, {label}: "
+                  f"{_prefill_seconds(runner, prompt, vocab) * 1e3:.0f} ms", flush=True)
+        enable_batch_invariance(False)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -221,6 +221,7 @@ class ShardConfig:
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | None = None  # bytes; None: the runtime's default budget
     quantize: QuantizeSpec | None = None  # --quantize: safetensors projections quantized at load
+    batch_invariant: bool = False  # --batch-invariant: linears in fixed row blocks (kernels/batch_invariance.py)
     rank: int = 0
     world_size: int = 1
     master_addr: str | None = None  # torch.distributed rendezvous; required when world_size > 1
@@ -361,6 +362,7 @@ class LaunchConfig:
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes per shard
     quantize: QuantizeSpec | None = None  # passed to every shard
+    batch_invariant: bool = False  # passed to every shard
     shard_uds_path: Path | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port on this host

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from tgictl.commands import speculation_options as spec
+from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig, parse_lora_adapters
@@ -41,6 +42,7 @@ def launch(
     ),
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
+    batch_invariant: bool = BATCH_INVARIANT_OPTION,
     shard_uds_path: Optional[Path] = typer.Option(
         None, "--shard-uds-path", show_default=False,
         help="Socket base path; shard r listens on BASE-r (default: a fresh private directory in /tmp, "
@@ -77,6 +79,7 @@ def launch(
         block_size=block_size,
         kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
         quantize=quantize_spec(quantize, quantize_group_size),
+        batch_invariant=batch_invariant,
         shard_uds_path=shard_uds_path.expanduser().absolute() if shard_uds_path is not None else None,
         master_addr=master_addr,
         master_port=master_port,

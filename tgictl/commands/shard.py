@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from tgictl.commands import speculation_options as spec
+from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.config import (
     DEFAULT_MODEL_ID,
@@ -60,6 +61,7 @@ def shard(
     speculate_max_batch: int = spec.MAX_BATCH,
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
+    batch_invariant: bool = BATCH_INVARIANT_OPTION,
     lora_adapters: Optional[str] = typer.Option(
         None, "--lora-adapters", show_default=False,
         help="LoRA adapters to serve beside the model: name=PATH (a PEFT directory) or a hub id[@revision], "
@@ -76,6 +78,7 @@ def shard(
         block_size=block_size,
         kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
         quantize=quantize_spec(quantize, quantize_group_size),
+        batch_invariant=batch_invariant,
         rank=env.rank if env.rank is not None else 0,
         world_size=env.world_size if env.world_size is not None else 1,
         master_addr=env.master_addr,

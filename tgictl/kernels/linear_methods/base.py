@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tgictl.kernels.batch_invariance import batch_invariant, in_row_blocks
 from tgictl.kernels.linear_methods import dispatch
 
 # (weight, x [rows, in], bias [out] or None) -> [rows, out] in x's dtype, or None: "not for this input".
@@ -76,7 +77,13 @@ class LinearWeight(nn.Module, ABC):
         return self.dequantize_rows(ids).to(self.dtype)
 
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x: [rows, in] -> [rows, out] in x's dtype."""
+        """x: [rows, in] -> [rows, out] in x's dtype; in fixed row blocks under --batch-invariant."""
+        if batch_invariant():
+            return in_row_blocks(lambda rows: self.matmul(rows, bias), x)
+        return self.matmul(x, bias)
+
+    def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x W^T + bias by the first backend the dispatch table chooses that takes x."""
         backends = self.backends()
         for name in dispatch.backend_order(self, x):
             fn = backends.get(name)  # the table may name a backend this format lacks (torch's, for GGUF)
@@ -134,8 +141,8 @@ class StackedLinearWeight(LinearWeight):
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        out = torch.cat([p(x) for p in self.parts], dim=-1)  # [rows, out]
+    def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        out = torch.cat([p.matmul(x) for p in self.parts], dim=-1)  # [rows, out]
         return out if bias is None else out + bias
 
 

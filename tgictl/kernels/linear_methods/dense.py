@@ -33,7 +33,7 @@ class DenseWeight(LinearWeight):
     def embedding(self, ids: Tensor) -> Tensor:
         return F.embedding(ids, self.weight)
 
-    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         # The one dense path (no table lookup): kernels/linear.py already picks by row count.
         return linear(x, self.weight, bias)
 

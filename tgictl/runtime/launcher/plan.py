@@ -125,6 +125,8 @@ def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[st
     if config.router.otlp_endpoint is not None:  # the shards' spans join the router's traces
         argv += ["--otlp-endpoint", config.router.otlp_endpoint,
                  "--otlp-service-name", shard_service_name(config.router.otlp_service_name)]
+    if config.batch_invariant:
+        argv.append("--batch-invariant")
     if config.quantize is not None:
         argv += ["--quantize", config.quantize.method]
         if config.quantize.method == "int4":

@@ -26,6 +26,7 @@ import torch
 from tgictl.config import HubConfig, ShardConfig
 from tgictl.env import apply_shard_library_defaults, read_env
 from tgictl.errors import ConfigError, DeviceError
+from tgictl.kernels.batch_invariance import enable_batch_invariance
 from tgictl.progress import phase
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
 from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
@@ -88,6 +89,7 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
         config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device,
         shared_memory=read_env().shm_collectives,
     )
+    enable_batch_invariance(config.batch_invariant)
     with phase(f"rank {config.rank}: loading {model_dir.name} ({dtype} on {device})", logger=log):
         runtime = ShardRuntime.load(
             model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory,

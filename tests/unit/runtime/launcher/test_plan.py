@@ -214,3 +214,12 @@ def test_every_shard_gets_the_resolved_lora_adapters() -> None:
     for shard in plan.shards:
         flag = shard.argv.index("--lora-adapters")
         assert shard.argv[flag + 1] == "sql=/adapters/sql,org/chat=/cache/chat"
+
+
+def test_batch_invariance_reaches_every_shard_only_when_asked() -> None:
+    config = LaunchConfig(router=router_config(), model_id="org/model", num_shard=2, batch_invariant=True)
+    plan = build_plan(config, MODEL, BASE, LogConfig(), {}, master_port=29600)
+    assert all("--batch-invariant" in shard.argv for shard in plan.shards)
+    default = build_plan(LaunchConfig(router=router_config(), model_id="org/model"), MODEL, BASE, LogConfig(), {},
+                         master_port=29600)
+    assert "--batch-invariant" not in default.shards[0].argv
