@@ -103,15 +103,23 @@ def test_duplicate_request_ids_are_refused() -> None:
         build([make_request(pool, 1, [1, 2]), make_request(pool, 1, [3, 4])])
 
 
-def test_adapter_rows_are_grouped_per_token_and_out_of_range_indices_refused() -> None:
-    pool = BlockPool()
+def _adapter_batch(pool: BlockPool, first_adapter: int, third_adapter: int, first_new_tokens: int = 2
+                   ) -> tuple[list[Request], ShardBatch]:
+    """Three rows: [5, 6, 7] on `first_adapter`, [8, 9] on the base model, [10] on `third_adapter`."""
     requests = [
-        dataclasses.replace(make_request(pool, 1, [5, 6, 7], max_new_tokens=2), adapter_index=2),
+        dataclasses.replace(make_request(pool, 1, [5, 6, 7], max_new_tokens=first_new_tokens),
+                            adapter_index=first_adapter),
         make_request(pool, 2, [8, 9], max_new_tokens=2),
-        dataclasses.replace(make_request(pool, 3, [10], max_new_tokens=2), adapter_index=1),
+        dataclasses.replace(make_request(pool, 3, [10], max_new_tokens=2), adapter_index=third_adapter),
     ]
     batch = ShardBatch.from_batch(Batch(id=1, requests=tuple(requests)), block_size=16, num_blocks=64,
                                   vocab_size=VOCAB, device=CPU, num_adapters=2)
+    return requests, batch
+
+
+def test_adapter_rows_are_grouped_per_token_and_out_of_range_indices_refused() -> None:
+    pool = BlockPool()
+    requests, batch = _adapter_batch(pool, first_adapter=2, third_adapter=1)
     inputs = batch.step_inputs(CPU, num_adapters=2)
     assert inputs.adapters is not None
     assert inputs.adapters.tokens.slots == (0, 1) and inputs.adapters.tokens.tokens == ((5,), (0, 1, 2))
@@ -124,13 +132,7 @@ def test_adapter_rows_are_grouped_per_token_and_out_of_range_indices_refused() -
 
 def test_a_row_verifying_drafts_gives_every_draft_token_and_logit_row_its_adapter() -> None:
     pool = BlockPool()
-    requests = [
-        dataclasses.replace(make_request(pool, 1, [5, 6, 7], max_new_tokens=8), adapter_index=1),
-        make_request(pool, 2, [8, 9], max_new_tokens=2),
-        dataclasses.replace(make_request(pool, 3, [10], max_new_tokens=2), adapter_index=2),
-    ]
-    batch = ShardBatch.from_batch(Batch(id=1, requests=tuple(requests)), block_size=16, num_blocks=64,
-                                  vocab_size=VOCAB, device=CPU, num_adapters=2)
+    _, batch = _adapter_batch(pool, first_adapter=1, third_adapter=2, first_new_tokens=8)
     drafting = batch.rows[0]  # decoding: generated 99, then verifies three drafts in one forward
     drafting.cache_len, drafting.generated, drafting.draft = 3, 1, [5, 6, 7]
     drafting.all_ids.append(99)
