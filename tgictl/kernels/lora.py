@@ -11,7 +11,8 @@ A linear layer's output `y = x W^T` gains, for a token of adapter k, `(x A_k^T) 
 `AdapterGroups` is one step's grouping of the tokens by adapter, built once per step and used by every
 layer. Three ways compute the same sums:
 
-- native (CPU): one compiled call per linear (csrc/lora.c), each token streaming its adapter's factors;
+- native (CPU): one compiled call per linear (csrc/lora.c), the tokens of an adapter sharing each read
+  of its factors;
 - padded: tokens of each adapter in one padded group, one bmm for the A product of all groups and one
   per projection for B (few ops; the padding is computed too, so it is used when groups are even:
   decode, where every row is one token);
@@ -54,9 +55,10 @@ class LoraFactors:
     def rank(self) -> int:
         return self.b.shape[1]
 
-    @functools.cached_property
+    @property
     def native_arguments(self) -> tuple[int, ...] | None:
-        """(a, b, bf16, rank, projections, bounds) for csrc/lora.c; None when it cannot take them."""
+        """(a, b, bf16, rank, projections, bounds) for csrc/lora.c; None when it cannot take them.
+        Not cached: the factors are a module's parameters, which `.to()` may move."""
         a, b = self.a, self.b
         if a.dtype not in _NATIVE_DTYPES or b.dtype != a.dtype or a.device.type != "cpu" \
                 or b.device.type != "cpu" or not a.is_contiguous() or not b.is_contiguous():
