@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +103,13 @@ def smollm2_dir(packaged_model_hub: HubConfig, smollm2_gguf: Path, serve_path_im
     if done.returncode != 0:
         raise RuntimeError(f"converting the packaged model failed ({done.returncode}): {done.stderr[-2000:]}")
     return Path(json.loads(done.stdout)["path"])
+
+
+@pytest.fixture
+def invariant() -> Iterator[None]:
+    """--batch-invariant on for one test (a process-wide switch), off again after it."""
+    from tgictl.kernels.batch_invariance import enable_batch_invariance
+
+    enable_batch_invariance(True)
+    yield
+    enable_batch_invariance(False)

@@ -3,21 +3,11 @@ however many there are, and it is still the matmul."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 import torch.nn.functional as F
 
 from tgictl.kernels.batch_invariance import BLOCK_ROWS, batch_invariant, enable_batch_invariance, in_row_blocks
 from tgictl.kernels.linear_methods.dense import DenseWeight
-
-
-@pytest.fixture
-def invariant() -> Iterator[None]:
-    enable_batch_invariance(True)
-    yield
-    enable_batch_invariance(False)
 
 
 # An LM-head-like shape: oneDNN's bf16 product of it changes kernels with the row count.

@@ -5,24 +5,16 @@ product changes kernels on the Xeon; without the mode, 2 of these 4 rows diverge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from shard_helpers import BlockPool, Outputs, make_request, make_runner, run_to_end, shard_batch
 
-from tgictl.kernels.batch_invariance import enable_batch_invariance
 from tgictl.runtime.shard.step import ModelRunner
 
 NEW_TOKENS = 24
-
-
-@pytest.fixture
-def invariant() -> Iterator[None]:
-    enable_batch_invariance(True)
-    yield
-    enable_batch_invariance(False)
 
 
 @pytest.fixture(scope="module")
