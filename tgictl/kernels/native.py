@@ -77,16 +77,22 @@ class NativeKernels:
         None when this call cannot run natively (another dtype or device, non-contiguous weight).
         """
         if weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu" \
-                or not weight.is_contiguous() or x.dim() != 2:
+                or not weight.is_contiguous() or x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16):
             return None
         m, k = x.shape
         n = weight.shape[0]
-        x32 = x.float().contiguous()  # [m, k]: a few rows, converted once
         b32 = None if bias is None else bias.float().contiguous()
+        bias_ptr = None if b32 is None else b32.data_ptr()
+        if weight.dtype == torch.bfloat16:  # reads x and writes y in x's dtype: nothing to convert
+            x = x.contiguous()
+            y = torch.empty(m, n, dtype=x.dtype)
+            is_bf16 = x.dtype == torch.bfloat16
+            status = self.linear_bf16(x.data_ptr(), is_bf16, weight.data_ptr(), bias_ptr, y.data_ptr(), is_bf16,
+                                      m, n, k, torch.get_num_threads())
+            return y if status == 0 else None
+        x32 = x.float().contiguous()  # [m, k]: a few rows, converted once
         y = torch.empty(m, n, dtype=torch.float32)
-        fn = self.linear_f32 if weight.dtype == torch.float32 else self.linear_bf16
-        fn(x32.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(), y.data_ptr(), m, n, k,
-           torch.get_num_threads())
+        self.linear_f32(x32.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads())
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
@@ -160,11 +166,13 @@ def _bind(path: Path) -> NativeKernels:
         fn.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, ctypes.c_int]
         fn.restype = ctypes.c_int
         functions.append(fn)
-    for name in ("tgictl_small_linear_f32", "tgictl_small_linear_bf16"):
-        fn = getattr(library, name)
-        fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
-        fn.restype = None
-        functions.append(fn)
+    linear_f32 = library.tgictl_small_linear_f32
+    linear_f32.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
+    linear_f32.restype = None
+    linear_bf16 = library.tgictl_small_linear_bf16
+    linear_bf16.argtypes = [p, ctypes.c_int, p, p, p, ctypes.c_int, i64, i64, i64, ctypes.c_int]
+    linear_bf16.restype = ctypes.c_int
+    functions += [linear_f32, linear_bf16]
     c_int, u64, f64 = ctypes.c_int, ctypes.c_uint64, ctypes.c_double
     signatures = {
         "tgictl_shm_register": [p, c_int, i64],

@@ -72,9 +72,120 @@
 DEFINE_PAIR(pair_f32_64, float, load_f32, 64)
 DEFINE_PAIR(pair_f32_128, float, load_f32, 128)
 DEFINE_PAIR(pair_f32_any, float, load_f32, d_runtime)
-DEFINE_PAIR(pair_bf16_64, uint16_t, bf16_to_float, 64)
-DEFINE_PAIR(pair_bf16_128, uint16_t, bf16_to_float, 128)
 DEFINE_PAIR(pair_bf16_any, uint16_t, bf16_to_float, d_runtime)
+
+/* bf16 caches with head size 64 or 128: the same pair, written with explicit 16-float vectors. A bf16
+ * pair in a 32-bit lane widens without a shuffle (the even element is the lane shifted left by 16, the odd
+ * one the lane with its low half cleared), so a cached row is read in "even|odd" order per 32 elements; the
+ * query is laid out in that order once, and the output is put back in order at the end. The value sums of
+ * up to ACC_VECTORS vectors stay in registers across the whole context (more heads per KV head take more
+ * passes over V). On SmolLM2's shapes (9 heads, 3 KV heads, d 64) this is ~2-3x the generic loop's speed. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+#define ACC_VECTORS 24
+#define MAX_VECTORS 8 /* d 128 */
+
+static inline v16f vload(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float vsum(v16f v) {
+    const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/* One cached bf16 row of d = 16 * V elements as V float32 vectors in even|odd order. */
+static inline void load_row_bf16(const uint16_t *row, int V, v16f out[MAX_VECTORS]) {
+    const v16u high = (v16u){0} + 0xFFFF0000u;
+    for (int c = 0; c < V / 2; c++) {
+        v16u u;
+        memcpy(&u, row + 32 * c, sizeof u);
+        const v16u even = u << 16, odd = u & high;
+        memcpy(&out[2 * c], &even, sizeof even);
+        memcpy(&out[2 * c + 1], &odd, sizeof odd);
+    }
+}
+
+/* Position of element j of a row in even|odd order. */
+static inline int64_t even_odd_index(int64_t j) { return j / 32 * 32 + (j % 2) * 16 + (j % 32) / 2; }
+
+static inline __attribute__((always_inline)) void pair_bf16_vec(
+    const float *q_in, const uint16_t *key_cache, const uint16_t *value_cache, const int64_t *slots, int64_t len,
+    int64_t kv_heads, int64_t h, int64_t group, float softcap, float *scores, float *q, float *out_rows, int V) {
+    const int64_t d = 16 * V;
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t j = 0; j < d; j++) q[g * d + even_odd_index(j)] = q_in[g * d + j];
+    for (int64_t t = 0; t < len; t++) {
+        v16f k[MAX_VECTORS];
+        load_row_bf16(key_cache + (slots[t] * kv_heads + h) * d, V, k);
+        for (int64_t g = 0; g < group; g++) {
+            v16f a = vload(q + g * d) * k[0], b = vload(q + g * d + 16) * k[1];
+            for (int v = 2; v < V; v += 2) {
+                a += vload(q + g * d + 16 * v) * k[v];
+                b += vload(q + g * d + 16 * v + 16) * k[v + 1];
+            }
+            float dot = vsum(a + b);
+            if (softcap > 0.0f) dot = tanhf(dot / softcap) * softcap;
+            scores[g * len + t] = dot;
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores + g * len;
+        float max = s[0];
+        for (int64_t t = 1; t < len; t++) max = s[t] > max ? s[t] : max;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; t++) {
+            s[t] = exp_nonpositive(s[t] - max);
+            sum += s[t];
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t t = 0; t < len; t++) s[t] *= inv;
+    }
+    const int64_t heads_per_pass = ACC_VECTORS / V;
+    for (int64_t g0 = 0; g0 < group; g0 += heads_per_pass) {
+        const int64_t heads = group - g0 < heads_per_pass ? group - g0 : heads_per_pass;
+        v16f acc[ACC_VECTORS];
+        for (int x = 0; x < ACC_VECTORS; x++) acc[x] = (v16f){0};
+        for (int64_t t = 0; t < len; t++) {
+            v16f v[MAX_VECTORS];
+            load_row_bf16(value_cache + (slots[t] * kv_heads + h) * d, V, v);
+            for (int64_t g = 0; g < heads; g++) {
+                const float p = scores[(g0 + g) * len + t];
+                for (int c = 0; c < V; c++) acc[g * V + c] += p * v[c];
+            }
+        }
+        for (int64_t g = 0; g < heads; g++) {
+            float row[16 * MAX_VECTORS];
+            memcpy(row, &acc[g * V], sizeof(float) * (size_t)d);
+            for (int64_t j = 0; j < d; j++) out_rows[(g0 + g) * d + j] = row[even_odd_index(j)];
+        }
+    }
+}
+
+static void pair_bf16_vec64(const float *q_in, const uint16_t *kc, const uint16_t *vc, const int64_t *slots,
+                            int64_t len, int64_t kv_heads, int64_t h, int64_t group, int64_t d, float softcap,
+                            float *scores, float *acc, float *row, float *out_rows) {
+    (void)d;
+    (void)row;
+    pair_bf16_vec(q_in, kc, vc, slots, len, kv_heads, h, group, softcap, scores, acc, out_rows, 4);
+}
+
+static void pair_bf16_vec128(const float *q_in, const uint16_t *kc, const uint16_t *vc, const int64_t *slots,
+                             int64_t len, int64_t kv_heads, int64_t h, int64_t group, int64_t d, float softcap,
+                             float *scores, float *acc, float *row, float *out_rows) {
+    (void)d;
+    (void)row;
+    pair_bf16_vec(q_in, kc, vc, slots, len, kv_heads, h, group, softcap, scores, acc, out_rows, 8);
+}
 
 typedef void (*pair_f32_fn)(const float *, const float *, const float *, const int64_t *, int64_t, int64_t,
                             int64_t, int64_t, int64_t, float, float *, float *, float *, float *);
@@ -112,5 +223,5 @@ typedef void (*pair_bf16_fn)(const float *, const uint16_t *, const uint16_t *, 
 
 static inline float store_f32(float x) { return x; }
 DEFINE_ENTRY(tgictl_paged_decode_f32, float, load_f32, store_f32, pair_f32_fn, pair_f32_64, pair_f32_128, pair_f32_any)
-DEFINE_ENTRY(tgictl_paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16, pair_bf16_fn, pair_bf16_64,
-             pair_bf16_128, pair_bf16_any)
+DEFINE_ENTRY(tgictl_paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16, pair_bf16_fn, pair_bf16_vec64,
+             pair_bf16_vec128, pair_bf16_any)
