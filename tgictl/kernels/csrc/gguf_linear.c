@@ -14,6 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "fp16.h"
 
 #define ROWS_PER_CHUNK 16
@@ -117,10 +122,93 @@ int tgictl_gguf_dequantize(int type, const uint8_t *w, int64_t row_bytes, float 
     return 0;
 }
 
+/* Q8_0 straight from its blocks, without the float32 row: per block, 32 int8 weights widen to float32 in
+ * registers, their products with each input row are summed as a vector, and the block's scale multiplies
+ * that vector into the row's sums (no horizontal sum per block). Each thread streams one contiguous range
+ * of rows and prefetches two rows ahead. The LM head of the default GGUF (49152 x 576 Q8_0, 30 MB): 4.6 GB/s
+ * through the float32 row, 15+ GB/s here (Sapphire Rapids, 2 threads). Products and sums are float32, in
+ * another order than the reference matmul's, so results differ from it by float rounding only. */
+typedef float v16f __attribute__((vector_size(64)));
+#define Q8_0_BYTES 34
+#define Q8_XROWS 4 /* input rows per pass over the weights */
+
+/* 16 int8 -> 16 float32. Intrinsics where the CPU has them: GCC 12 turns the vector-extension conversion
+ * (int8 -> int32 -> float) into 16 scalar ones, 5x slower than the sign extension it should be. */
+static inline v16f widen_i8(const int8_t *p) {
+    v16f v;
+#if defined(__AVX512F__)
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    memcpy(&v, &f, sizeof v);
+#elif defined(__AVX2__)
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))));
+    memcpy(&v, &lo, sizeof lo);
+    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
+#else
+    for (int i = 0; i < 16; i++) v[i] = (float)p[i];
+#endif
+    return v;
+}
+
+static inline v16f load_v16f(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float sum_v16f(v16f v) {
+    float s = 0.0f;
+    for (int i = 0; i < 16; i++) s += v[i];
+    return s;
+}
+
+static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, const float *x, int64_t k, int M,
+                                                            float out[Q8_XROWS]) {
+    v16f acc[Q8_XROWS];
+    for (int i = 0; i < M; i++) acc[i] = (v16f){0};
+    for (int64_t b = 0; b < k / QK; b++) {
+        const uint8_t *block = w + b * Q8_0_BYTES;
+        __builtin_prefetch(block + 2 * (k / QK) * Q8_0_BYTES, 0, 1);
+        const v16f lo = widen_i8((const int8_t *)block + 2), hi = widen_i8((const int8_t *)block + 18);
+        const float d = load_fp16(block);
+        for (int i = 0; i < M; i++)
+            acc[i] += d * (lo * load_v16f(x + i * k + b * QK) + hi * load_v16f(x + i * k + b * QK + 16));
+    }
+    for (int i = 0; i < M; i++) out[i] = sum_v16f(acc[i]);
+}
+
+static void qlinear_q8_0(const float *x, const uint8_t *w, int64_t row_bytes, const float *bias, float *y, int64_t m,
+                         int64_t n, int64_t k, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+        const int64_t lo = n * part / parts, hi = n * (part + 1) / parts;
+        for (int64_t i0 = 0; i0 < m; i0 += Q8_XROWS) {
+            const int64_t rows = m - i0 < Q8_XROWS ? m - i0 : Q8_XROWS;
+            for (int64_t row = lo; row < hi; row++) {
+                float out[Q8_XROWS];
+                const uint8_t *wr = w + row * row_bytes;
+                switch (rows) { /* constant row counts: the sums stay in registers */
+                case 1: q8_0_row(wr, x + i0 * k, k, 1, out); break;
+                case 2: q8_0_row(wr, x + i0 * k, k, 2, out); break;
+                case 3: q8_0_row(wr, x + i0 * k, k, 3, out); break;
+                default: q8_0_row(wr, x + i0 * k, k, 4, out); break;
+                }
+                const float b = bias != NULL ? bias[row] : 0.0f;
+                for (int64_t i = 0; i < rows; i++) y[(i0 + i) * n + row] = out[i] + b;
+            }
+        }
+    }
+}
+
 /* Returns 0, -1 for an unknown type, -2 when scratch memory is refused (the caller falls back to torch). */
 int tgictl_qlinear_gguf(int type, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                         int64_t m, int64_t n, int64_t k, int threads) {
     if (type < 0 || type >= NUM_TYPES) return -1;
+    if (DECODERS[type] == decode_q8_0) {
+        qlinear_q8_0(x, w, row_bytes, bias, y, m, n, k, threads);
+        return 0;
+    }
     const decode_row_fn decode = DECODERS[type];
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
