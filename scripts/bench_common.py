@@ -28,6 +28,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from tgictl.runtime.bench.client import ApiSettings, RequestRecord, send  # noqa: E402
 from tgictl.runtime.bench.load_shapes import LoadPlan, run_load  # noqa: E402
+from tgictl.runtime.bench.server_metrics import SHARD_FORWARD_S, parse_samples  # noqa: E402
 from tgictl.runtime.bench.workloads import BenchPrompt  # noqa: E402
 from tgictl.runtime.launcher.plan import free_port  # noqa: E402, F401  (re-exported to the scripts)
 
@@ -104,6 +105,15 @@ async def _load(url: str, settings: ApiSettings, prompts: Sequence[BenchPrompt],
         start = time.perf_counter()
         return await run_load(LoadPlan(concurrency=concurrency, num_requests=len(prompts)),
                               lambda i: send(client, settings, prompts[i], i, start), lambda r: None)
+
+
+def shard_seconds(url: str) -> float | None:
+    """The shard's forward+sampling seconds so far, from the server's /metrics; None where it has no such series."""
+    try:
+        samples = parse_samples(httpx.get(f"{url}/metrics", timeout=10.0).text)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return samples.get(SHARD_FORWARD_S)
 
 
 def timed_load(url: str, settings: ApiSettings, prompts: Sequence[BenchPrompt],

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import free_port, managed_server, repo_env, timed_load
+from bench_common import free_port, managed_server, repo_env, shard_seconds, timed_load
 from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM
@@ -150,10 +150,24 @@ def tgictl_modes(args: argparse.Namespace, url: str, work: list[BenchPrompt]) ->
         records, _ = timed_load(url, settings, work[:1], 1)
         return {"tgictl": float(records[0].ttft_s or 0.0)}
     if args.scenario == "mixed":
-        return {"tgictl_concurrent": timed_load(url, settings, work, args.concurrency)[1]}
+        return concurrent_with_share(url, settings, work, args.concurrency)
     return {"tgictl_sequential": timed_load(url, settings, work[:args.sequential_prompts], 1)[1],
-            "tgictl_concurrent": timed_load(url, settings, work, len(work))[1]}
+            **concurrent_with_share(url, settings, work, len(work))}
 
+
+def concurrent_with_share(url: str, settings: ApiSettings, work: list[BenchPrompt],
+                          concurrency: int) -> dict[str, float]:
+    """The concurrent run's seconds, and the share of them the shard spent in forward passes and sampling
+    (from /metrics; the rest is the router, IPC, scheduling and idle time: the issue's target 4)."""
+    before = shard_seconds(url)
+    seconds = timed_load(url, settings, work, concurrency)[1]
+    after = shard_seconds(url)
+    if before is None or after is None:
+        return {"tgictl_concurrent": seconds}
+    return {"tgictl_concurrent": seconds, SHARE: (after - before) / seconds}
+
+
+SHARE = "tgictl_concurrent_shard_share"  # a fraction, kept beside the modes' seconds
 
 # (label, tgictl mode, transformers mode) rows of the report; ratios are tgictl's rate over transformers'
 ROWS = {
@@ -198,7 +212,8 @@ def main() -> None:
             for mode, seconds in tgictl_modes(args, url, works[run]).items():
                 timings.setdefault(mode, []).append(seconds)
             console.print(f"tgictl run {run + 1}/{args.runs}: "
-                          + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in timings.items() if k.startswith("tgictl")))
+                          + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in timings.items()
+                                      if k.startswith("tgictl") and k != SHARE))
     medians = {k: statistics.median(v) for k, v in timings.items()}
     asked = statistics.median(sum(p.max_new_tokens for p in work) for work in works[:args.runs])
     # tokens each mode produced: the sequential modes serve only the first --sequential-prompts
@@ -218,6 +233,10 @@ def main() -> None:
         table.add_row(label, f"{medians[ours]:.2f}", f"{medians[theirs]:.2f}", f"{tokens / medians[ours]:.1f}",
                       f"{tokens / medians[theirs]:.1f}", f"{medians[theirs] / medians[ours]:.2f}x")
     console.print(table)
+    if SHARE in medians:
+        console.print(f"tgictl concurrent runs: the shard's forward+sampling took {medians[SHARE] * 100:.1f}% of the "
+                      f"wall time (median of {args.runs}); router, IPC, scheduling and idle: "
+                      f"{(1 - medians[SHARE]) * 100:.1f}%")
     if args.output is not None:
         args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "timings_s": timings,
                                            "medians_s": medians, "asked_tokens": asked,

@@ -15,9 +15,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SCENARIOS = {
     "uniform": (["--num-prompts", "3", "--output-len", "5", "--sequential-prompts", "2"],
-                {"hf_sequential", "hf_batch", "tgictl_sequential", "tgictl_concurrent"}),
+                {"hf_sequential", "hf_batch", "tgictl_sequential", "tgictl_concurrent", "tgictl_concurrent_shard_share"}),
     "mixed": (["--num-prompts", "5", "--output-len", "2:6", "--concurrency", "2"],
-              {"hf_static_batches", "tgictl_concurrent"}),
+              {"hf_static_batches", "tgictl_concurrent", "tgictl_concurrent_shard_share"}),
     "ttft": (["--input-len", "40"], {"hf", "tgictl"}),
 }
 
@@ -39,6 +39,9 @@ def test_script_compares_both_engines(scenario: str, tiny_model_dir: Path, tmp_p
     assert set(result["timings_s"]) == modes
     for timings in result["timings_s"].values():
         assert len(timings) == 2 and all(t > 0 for t in timings)
+    if scenario != "ttft":  # the shard's forward+sampling is a part of the concurrent run's wall time
+        assert all(0 < share < 1 for share in result["timings_s"]["tgictl_concurrent_shard_share"])
+        assert "router, IPC, scheduling and idle" in done.stdout
     if scenario == "uniform":
         assert (result["asked_tokens"], result["sequential_tokens"]) == (15, 10)  # 3 x 5 and 2 x 5
         assert "concurrent: tgictl all at once vs static padded batch" in done.stdout

@@ -44,6 +44,11 @@ def _dist_row(name: str, dist: Distribution) -> list[str]:
     return [name, _ms(dist.mean), _ms(dist.p50), _ms(dist.p90), _ms(dist.p99)]
 
 
+def _engine_share(s: RunSummary) -> str:
+    share = s.server.engine_share(s.duration_s) if s.server is not None else None
+    return _num(share * 100, 1) if share is not None else "-"
+
+
 def throughput_table(summaries: Sequence[RunSummary]) -> Table:
     """One column per run (a sweep reads left to right), one row per figure."""
     table = Table(title="tgictl bench: throughput")
@@ -65,6 +70,7 @@ def throughput_table(summaries: Sequence[RunSummary]) -> Table:
         ("goodput % of requests", lambda s: _num(s.goodput.fraction * 100, 1) if s.goodput else "-"),
         ("prefix-cache hit % (tokens)", lambda s: server("prefix_cache_hit_rate", s)),
         ("peak KV use % (running requests)", lambda s: server("kv_peak_active_fraction", s)),
+        ("shard forward+sampling % of run", _engine_share),
     ]
     for name, cell in rows:
         table.add_row(name, *(cell(s) for s in summaries))

@@ -1,7 +1,9 @@
-"""What a tgictl server's /metrics says about a bench run: prefix-cache hits and KV-cache use.
+"""What a tgictl server's /metrics says about a bench run: prefix-cache hits, KV-cache use, and how much of
+the run the shard spent in forward passes and sampling.
 
-A scrape before and after each run gives counter deltas (hit tokens / prompt tokens); scrapes during
-the run give the peak KV use. A server without these series (TGI, vLLM, ...) simply yields None.
+A scrape before and after each run gives counter deltas (hit tokens / prompt tokens, the histograms' sums
+of shard time); scrapes during the run give the peak KV use. A server without these series (TGI, vLLM,
+...) simply yields None.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ PROMPT_TOKENS = "tgictl_prompt_tokens_total"
 KV_TOTAL = "tgictl_kv_blocks_total"
 KV_FREE = "tgictl_kv_blocks_free"
 KV_CACHED = "tgictl_kv_blocks_cached"
+# Sums over prefill and decode steps (parse_samples adds label sets): the shard's forward and sampling as it
+# reports them, and the whole step RPC as the router times it.
+SHARD_FORWARD_S = "tgi_batch_forward_duration_sum"
+SHARD_RPC_S = "tgi_batch_inference_duration_sum"
 
 
 def parse_samples(text: str) -> dict[str, float]:
@@ -60,6 +66,16 @@ class ServerFigures:
     kv_peak_active_blocks: float | None  # the most blocks running requests held at one scrape
     kv_peak_active_fraction: float | None
     kv_cached_blocks_after: float | None
+    shard_forward_s: float | None = None  # forward + sampling over the run, as the shard timed it
+    shard_rpc_s: float | None = None  # the step RPCs as the router timed them (forward + IPC + conversions)
+
+    def engine_share(self, duration_s: float) -> float | None:
+        """The part of a run's wall time the shard spent in forward passes and sampling; the rest is the
+        router (HTTP, scheduling, detokenizing), IPC and idle time. Meaningful on a run that keeps the
+        server busy from first request to last (a closed loop at a fixed concurrency)."""
+        if self.shard_forward_s is None or duration_s <= 0:
+            return None
+        return self.shard_forward_s / duration_s
 
     def to_dict(self) -> dict[str, float | None]:
         return dict(self.__dict__)
@@ -72,14 +88,16 @@ def server_figures(before: Mapping[str, float], after: Mapping[str, float],
         prompt = after[PROMPT_TOKENS] - before[PROMPT_TOKENS]
         hits = after[HIT_TOKENS] - before[HIT_TOKENS]
         hit_rate = hits / prompt if prompt > 0 else None
+    forward, rpc = (after[name] - before[name] if name in before and name in after else None
+                    for name in (SHARD_FORWARD_S, SHARD_RPC_S))
     uses = [u for u in (KvUse.of(s) for s in [before, *during, after]) if u is not None]
     final = KvUse.of(after)
     if not uses:
-        return ServerFigures(prompt, hits, hit_rate, None, None, None, None)
+        return ServerFigures(prompt, hits, hit_rate, None, None, None, None, forward, rpc)
     total = uses[-1].total
     peak = max(u.active for u in uses)
     return ServerFigures(prompt, hits, hit_rate, total, peak, peak / total if total > 0 else None,
-                         final.cached if final is not None else None)
+                         final.cached if final is not None else None, forward, rpc)
 
 
 async def scrape(client: httpx.AsyncClient) -> dict[str, float]:

@@ -46,7 +46,8 @@ class RunSummary:
             "goodput": None if self.goodput is None else {
                 "good_requests": self.goodput.good_requests, "requests_per_s": self.goodput.requests_per_s,
                 "fraction": self.goodput.fraction},
-            "server": None if self.server is None else self.server.to_dict(),
+            "server": None if self.server is None else {
+                **self.server.to_dict(), "engine_share": self.server.engine_share(self.duration_s)},
             "errors": self.errors,
         }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from tgictl.runtime.bench.server_metrics import parse_samples, server_figures
 
@@ -46,3 +46,25 @@ def test_a_server_without_tgictl_series_gives_nothing() -> None:
     figures = server_figures(foreign, foreign, [])
     assert figures.prefix_cache_hit_rate is None and figures.kv_peak_active_fraction is None
     assert figures.prompt_tokens is None and figures.kv_blocks_total is None
+
+
+def _render_steps(forward: dict[str, float], rpc: dict[str, float]) -> str:
+    """The router's two step histograms (labelled by method) with the given sums."""
+    registry = CollectorRegistry()
+    forward_h = Histogram("tgi_batch_forward_duration", "f", ["method"], registry=registry)
+    rpc_h = Histogram("tgi_batch_inference_duration", "i", ["method"], registry=registry)
+    for method, value in forward.items():
+        forward_h.labels(method=method).observe(value)
+    for method, value in rpc.items():
+        rpc_h.labels(method=method).observe(value)
+    return generate_latest(registry).decode()
+
+
+def test_engine_share_is_the_shard_time_over_the_run() -> None:
+    before = parse_samples(_render_steps({"prefill": 1.0, "decode": 2.0}, {"prefill": 1.5, "decode": 2.5}))
+    after = parse_samples(_render_steps({"prefill": 2.0, "decode": 6.0}, {"prefill": 3.0, "decode": 7.0}))
+    figures = server_figures(before, after, [])
+    assert figures.shard_forward_s == pytest.approx(5.0)  # prefill and decode steps: 8 - 3
+    assert figures.shard_rpc_s == pytest.approx(6.0)  # 10 - 4
+    assert figures.engine_share(10.0) == pytest.approx(0.5)
+    assert server_figures({}, {}, []).engine_share(10.0) is None
