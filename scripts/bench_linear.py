@@ -2,14 +2,23 @@
 """Time torch's linear against the compiled small-row kernel on SmolLM2-135M's projection shapes.
 
     python scripts/bench_linear.py [--rows 1 2 4 8] [--dtypes bfloat16 float32] [--threads 2]
+    python scripts/bench_linear.py --packed-sweep [--max-rows 64] [--write-table]
 
 Each cell is the best of `--repeats` calls in milliseconds; the ratio column is torch / native.
 tgictl/kernels/linear.py's SMALL_LINEAR_MAX_ROWS is the largest row count where native wins.
+
+--packed-sweep times one pass over every bf16 linear of the model (30 layers' weights and the LM head,
+prepacked for oneDNN as the shard holds them, so they stream from memory as in a decode step) at each row
+count above SMALL_LINEAR_MAX_ROWS, and names the row counts that run faster zero-padded to more rows;
+--write-table stores them for this CPU kind in kernel_choices.json ("row_padding"), which
+DenseWeight reads (kernels/linear_methods/dispatch.py padded_rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS  # noqa: E402
+from tgictl.kernels.linear_methods.dispatch import TABLE_PATH, cpu_kind  # noqa: E402
 from tgictl.kernels.native import load_native_kernels  # noqa: E402
+from tgictl.kernels.prepacked import packed_linear, prepack  # noqa: E402
 
 # (name, out features, in features): fused qkv, o, fused gate/up, down, LM head
 SHAPES = [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536), ("lm_head", 49152, 576)]
@@ -42,9 +54,16 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--packed-sweep", action="store_true")
+    parser.add_argument("--max-rows", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--write-table", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.packed_sweep:
+        packed_sweep(args)
+        return
     native = load_native_kernels()
     if native is None:
         raise SystemExit("the native kernels are unavailable here (see the warning above)")
@@ -62,6 +81,54 @@ def main() -> None:
                 cells.append(f"{name} {t:.3f}/{n:.3f}")
             print(f"{dtype_name} rows {rows}: " + ", ".join(cells)
                   + f"; sum torch {total_torch:.2f} native {total_native:.2f} ({total_torch / total_native:.2f}x)")
+
+
+# Pad only where the padded row count is at least this much faster: the sweep's noise stays unpadded.
+MIN_PADDING_GAIN = 0.9
+CONFIRM_ROUNDS = 7
+
+
+def packed_sweep(args: argparse.Namespace) -> None:
+    weights = [w for _ in range(args.layers) for _, n, k in SHAPES[:-1] if (w := prepack(torch.randn(n, k).bfloat16()))
+               is not None]
+    head = prepack(torch.randn(SHAPES[-1][1], SHAPES[-1][2]).bfloat16())
+    if head is None or not weights:
+        raise SystemExit("oneDNN cannot prepack bf16 weights here: nothing to sweep")
+    shapes = [(n, k) for _ in range(args.layers) for _, n, k in SHAPES[:-1]]
+    first = SMALL_LINEAR_MAX_ROWS[torch.bfloat16] + 1
+    rows_range = range(first, args.max_rows + 1)
+    inputs = {m: {k: torch.randn(m, k).bfloat16() for k in {k for _, k in shapes}} for m in rows_range}
+
+    def one_pass(m: int) -> float:
+        start = time.perf_counter()
+        for w, (_, k) in zip(weights, shapes):
+            packed_linear(inputs[m][k], w, None)
+        packed_linear(inputs[m][SHAPES[-1][2]], head, None)
+        return time.perf_counter() - start
+
+    times = {m: float("inf") for m in rows_range}
+    for _ in range(max(1, args.repeats // 7)):  # sweeps interleaved: a slow moment hits every row count alike
+        for m in rows_range:
+            times[m] = min(times[m], one_pass(m))
+    padding: dict[str, int] = {}
+    for m in rows_range:
+        best = min((p for p in rows_range if p >= m), key=lambda p: times[p])
+        if times[best] >= MIN_PADDING_GAIN * times[m]:
+            continue
+        # a candidate from the sweep's minima, checked head to head (alternating, medians): noise is not kept
+        pairs = [(one_pass(m), one_pass(best)) for _ in range(CONFIRM_ROUNDS)]
+        if statistics.median(b for _, b in pairs) < MIN_PADDING_GAIN * statistics.median(a for a, _ in pairs):
+            padding[str(m)] = best
+    print(f"cpu kind {cpu_kind()}; threads {torch.get_num_threads()}; ms per pass over {len(weights) + 1} prepacked "
+          "bf16 linears:")
+    print(" ".join(f"{m}:{times[m] * 1e3:.1f}" for m in rows_range))
+    print("padding (rows -> padded rows): " + (", ".join(f"{m}->{p}" for m, p in padding.items()) or "none"))
+    if args.write_table:
+        table = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
+        machine = table.setdefault("machines", {}).setdefault(cpu_kind(), {"choices": {}})
+        machine.setdefault("row_padding", {})["bfloat16"] = padding
+        TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {len(padding)} row counts for {cpu_kind()} to {TABLE_PATH}")
 
 
 if __name__ == "__main__":

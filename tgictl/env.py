@@ -41,6 +41,14 @@ def _bool(environ: Mapping[str, str], name: str) -> bool:
     raise ConfigError(f"{name} must be a boolean (1/0, true/false, yes/no, on/off), got {environ[name]!r}")
 
 
+def _auto_on_off(environ: Mapping[str, str], name: str) -> str:
+    """auto (unset or "auto"), on or off (any boolean spelling)."""
+    raw = environ.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    return "on" if _bool(environ, name) else "off"
+
+
 def _int(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
     raw = _text(environ, name)
     if raw is None:
@@ -162,6 +170,9 @@ class Env:
     # (runtime/shard/shm_collectives.py); TGICTL_SHM_COLLECTIVES=0 keeps gloo's.
     shm_collectives: bool = True
     c_compiler: str | None = None
+    # A second copy of the bf16 weights in oneDNN's layout (kernels/prepacked.py): TGICTL_PREPACK_WEIGHTS
+    # auto (while the copy takes <= 25% of the memory available after loading), on, or off.
+    prepack_weights: str = "auto"
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -195,6 +206,7 @@ class Env:
             native_kernels=_bool(env, "TGICTL_NATIVE_KERNELS") if _text(env, "TGICTL_NATIVE_KERNELS") else True,
             shm_collectives=_bool(env, "TGICTL_SHM_COLLECTIVES") if _text(env, "TGICTL_SHM_COLLECTIVES") else True,
             c_compiler=_text(env, "CC"),
+            prepack_weights=_auto_on_off(env, "TGICTL_PREPACK_WEIGHTS"),
         )
 
     @property

@@ -130,3 +130,15 @@ def test_shard_library_defaults_leave_a_users_setting(monkeypatch: pytest.Monkey
     monkeypatch.setenv(ONEDNN_CACHE_VAR, "500")
     apply_shard_library_defaults()
     assert os.environ[ONEDNN_CACHE_VAR] == "500"
+
+
+@pytest.mark.parametrize(("raw", "policy"), [(None, "auto"), ("auto", "auto"), ("1", "on"), ("on", "on"),
+                                             ("0", "off"), ("false", "off")])
+def test_prepack_weights_policy(raw: str | None, policy: str) -> None:
+    environ = {"HOME": "/h"} if raw is None else {"HOME": "/h", "TGICTL_PREPACK_WEIGHTS": raw}
+    assert Env.from_environ(environ).prepack_weights == policy
+
+
+def test_a_malformed_prepack_policy_is_refused() -> None:
+    with pytest.raises(ConfigError, match="TGICTL_PREPACK_WEIGHTS"):
+        Env.from_environ({"HOME": "/h", "TGICTL_PREPACK_WEIGHTS": "sometimes"})

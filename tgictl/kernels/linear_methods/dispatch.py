@@ -86,6 +86,27 @@ def _this_cpu() -> str:
     return cpu_kind()
 
 
+@functools.cache
+def load_row_padding(path: Path = TABLE_PATH) -> Mapping[str, Mapping[str, Mapping[int, int]]]:
+    """{cpu kind: {dtype: {rows: padded rows}}}: row counts at which oneDNN's product on a prepacked weight
+    (kernels/prepacked.py) is faster when the input is zero-padded to more rows (measured by
+    scripts/bench_linear.py --packed-sweep --write-table; on Sapphire Rapids 17..32 rows take ~40% longer
+    than 33). Empty when the file has none."""
+    try:
+        raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {kind: {dtype: {int(rows): int(padded) for rows, padded in by_rows.items()}
+                   for dtype, by_rows in (machine.get("row_padding") or {}).items()}
+            for kind, machine in (raw.get("machines") or {}).items()}
+
+
+def padded_rows(x: Tensor) -> int:
+    """The row count to run x [rows, in] at on a prepacked weight on this CPU: rows itself unless measured."""
+    rows = x.shape[0]
+    return load_row_padding().get(_this_cpu(), {}).get(_dtype_name(x), {}).get(rows, rows)
+
+
 def backend_order(weight: LinearWeight, x: Tensor) -> tuple[str, ...]:
     """The backends to try, in order, for `weight` on input x [rows, in]."""
     key = shape_key(weight.format_key, _dtype_name(x), weight.out_features, weight.in_features)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tgictl.errors import UnsupportedModelError
+from tgictl.kernels.prepacked import prepack_model
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.model_config import ModelConfig
@@ -58,6 +59,8 @@ def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dis
         model = cls(config, weights, dtype=dtype, device=device, dist=dist)
         source = "GGUF blocks" if weights.is_gguf else (quantize.label if quantize is not None else "dense")
     model.eval()
+    if device.type == "cpu":
+        prepack_model(model)
     logger.info(
         "loaded %s (%s, %s weights: %.1f MiB) rank %d/%d in %.2f s",
         model_dir,

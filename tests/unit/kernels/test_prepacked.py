@@ -1,0 +1,91 @@
+"""Prepacked bf16 weights (kernels/prepacked.py): the dense format's products of five rows and more run on
+oneDNN's packed copy, equal to torch's linear within bf16 rounding; a few rows keep the plain weight; zero-row
+padding from the table changes nothing but the kernel; the policy decides when a model is packed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tgictl.kernels import prepacked
+from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
+from tgictl.kernels.linear_methods import dispatch
+from tgictl.kernels.linear_methods.dense import DenseWeight
+from tgictl.kernels.prepacked import prepack, prepack_model, should_prepack
+
+pytestmark = pytest.mark.skipif(prepack(torch.zeros(16, 16, dtype=torch.bfloat16)) is None,
+                                reason="this torch build has no oneDNN weight prepack")
+BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _weight(out_features: int = 96, in_features: int = 64, seed: int = 0) -> DenseWeight:
+    generator = torch.Generator().manual_seed(seed)
+    return DenseWeight(torch.randn(out_features, in_features, generator=generator).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [5, 16, 33, 64])
+def test_packed_products_equal_torch_linear(rows: int) -> None:
+    weight = _weight()
+    bias = torch.randn(96).to(torch.bfloat16)
+    x = torch.randn(rows, 64).to(torch.bfloat16)
+    assert weight.prepack() and weight.packed is not None
+    for b in (None, bias):
+        out = weight(x, b)
+        assert out.shape == (rows, 96) and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), F.linear(x, weight.weight, b).float(), **BF16_TOL)
+
+
+def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
+    weight = _weight()
+    weight.prepack()
+    weight.packed = prepack(torch.zeros_like(weight.weight))  # a packed copy that is visibly not the weight
+    few = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16], 64).to(torch.bfloat16)
+    many = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16] + 1, 64).to(torch.bfloat16)
+    assert weight(few).abs().sum() > 0  # the matrix-vector kernel on the plain weight
+    assert torch.equal(weight(many), torch.zeros(many.shape[0], 96, dtype=torch.bfloat16))
+
+
+def test_table_padding_changes_only_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = _weight()
+    weight.prepack()
+    x = torch.randn(6, 64).to(torch.bfloat16)
+    unpadded = weight(x)
+    monkeypatch.setattr(dispatch, "load_row_padding", lambda: {dispatch.cpu_kind(): {"bfloat16": {6: 9}}})
+    dispatch._this_cpu.cache_clear()
+    padded = weight(x)
+    assert padded.shape == (6, 96)
+    torch.testing.assert_close(padded.float(), unpadded.float(), **BF16_TOL)
+    torch.testing.assert_close(padded.float(), F.linear(x, weight.weight).float(), **BF16_TOL)
+
+
+def test_row_padding_table_parses(tmp_path) -> None:
+    path = tmp_path / "table.json"
+    path.write_text('{"machines": {"kind-a": {"choices": {}, "row_padding": {"bfloat16": {"32": 35}}}, '
+                    '"kind-b": {"choices": {}}}}')
+    assert dispatch.load_row_padding.__wrapped__(path) == {"kind-a": {"bfloat16": {32: 35}}, "kind-b": {}}
+    assert dispatch.load_row_padding.__wrapped__(tmp_path / "missing.json") == {}
+
+
+def test_float32_and_other_devices_are_not_packed() -> None:
+    assert prepack(torch.randn(8, 8)) is None
+    assert DenseWeight(torch.randn(8, 8)).prepack() is False
+
+
+@pytest.mark.parametrize(("policy", "packed_bytes", "available", "expected"),
+                         [("auto", 100, 1000, True), ("auto", 300, 1000, False), ("on", 300, 1000, True),
+                          ("off", 1, 1000, False)])
+def test_policy(policy: str, packed_bytes: int, available: int, expected: bool) -> None:
+    assert should_prepack(policy, packed_bytes, available) is expected
+
+
+@pytest.mark.parametrize(("raw", "expect_packed"), [("1", True), ("0", False)])
+def test_prepack_model_follows_the_policy(monkeypatch: pytest.MonkeyPatch, raw: str, expect_packed: bool) -> None:
+    monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", raw)
+    model = nn.ModuleList([_weight(seed=1), _weight(seed=2), DenseWeight(torch.randn(8, 8))])  # the float32 one never
+    added = prepack_model(model)
+    packed = [m.packed is not None for m in model]
+    assert packed == [expect_packed, expect_packed, False]
+    assert added == (2 * 96 * 64 * 2 if expect_packed else 0)
+    assert prepacked.read_env().prepack_weights == ("on" if expect_packed else "off")

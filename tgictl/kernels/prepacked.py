@@ -1,0 +1,77 @@
+"""bf16 weights held a second time in oneDNN's own blocked layout, for the matmuls of five rows and more on CPU
+(docs/architecture.md, "Decode step").
+
+Why: torch's bf16 `F.linear` hands oneDNN the plain [out, in] weight, which oneDNN re-lays into its blocked
+(AMX / AVX512-BF16) format on every call; at decode batch sizes that reorder costs as much as the product.
+`torch.ops.mkldnn._reorder_linear_weight` does it once (inductor's CPU freezing pass does the same). On
+SmolLM2-135M (all 121 linears, weights streamed from memory, Sapphire Rapids, 2 threads) a pass takes
+30 ms instead of 40 at 8 rows, 30 instead of 55 at 33, 36 instead of 60 at 64; the products are the same
+oneDNN kernels' (equal to `F.linear`'s bit for bit on that machine). Up to four rows the plain weight
+stays faster (kernels/linear.py's matrix-vector kernel), so both copies are kept: the packed one costs
+the weights' bytes again, which is why `auto` packs only while that copy is small next to free memory.
+
+TGICTL_PREPACK_WEIGHTS (env.py): auto (the default), 1 (always, where oneDNN can), 0 (never).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+
+from tgictl.env import read_env
+from tgictl.runtime.host import discover_cpu
+
+log = logging.getLogger(__name__)
+
+# The row count oneDNN blocks the packed weight for; any row count can use it.
+PACK_ROWS_HINT = 32
+# `auto` packs while the packed copies take at most this share of the memory available after loading.
+AUTO_MAX_SHARE_OF_AVAILABLE = 0.25
+
+
+def can_prepack(weight: Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.is_contiguous() and torch.backends.mkldnn.is_available())
+
+
+def prepack(weight: Tensor) -> Tensor | None:
+    """weight [out, in] in oneDNN's blocked layout, or None where this build cannot pack it."""
+    if not can_prepack(weight):
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
+    except (RuntimeError, AttributeError) as err:  # a torch without the op, or oneDNN refusing the shape
+        log.debug("oneDNN weight prepack unavailable: %s", err)
+        return None
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """x [rows, in] @ W^T + bias with W packed by `prepack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def should_prepack(policy: str, packed_bytes: int, available_bytes: int) -> bool:
+    if policy == "auto":
+        return packed_bytes <= AUTO_MAX_SHARE_OF_AVAILABLE * available_bytes
+    return policy == "on"
+
+
+def prepack_model(model: nn.Module) -> int:
+    """Pack every dense bf16 CPU weight of `model` (as the policy says); returns the bytes the copies take."""
+    from tgictl.kernels.linear_methods.dense import DenseWeight  # linear_methods imports this module
+
+    dense = [m for m in model.modules() if isinstance(m, DenseWeight) and can_prepack(m.weight)]
+    packed_bytes = sum(m.nbytes for m in dense)
+    policy = read_env().prepack_weights
+    if not dense or not should_prepack(policy, packed_bytes, discover_cpu().available_memory_bytes):
+        if dense and policy == "auto":
+            log.info("bf16 weights not prepacked for oneDNN: a second copy (%.1f MiB) would take more than %d%% of "
+                     "the available memory (TGICTL_PREPACK_WEIGHTS=1 forces it)", packed_bytes / 2**20,
+                     int(AUTO_MAX_SHARE_OF_AVAILABLE * 100))
+        return 0
+    done = sum(m.weight.numel() * m.weight.element_size() for m in dense if m.prepack())
+    if done:
+        log.info("bf16 weights prepacked for oneDNN's matmuls of 5+ rows: %.1f MiB more memory", done / 2**20)
+    return done
