@@ -134,14 +134,18 @@ def prefill_attention(
     """
     new_len, heads, head_dim = query.shape
     group = heads // key_cache.shape[2]
+    # SDPA in bf16 for bf16 models (what transformers' sdpa attention runs; on CPU torch's flash kernel
+    # keeps float32 sums and softmax inside): a 1,000-token causal prompt, 9 heads of 64, takes 9 ms per
+    # layer against 18 in float32. Other dtypes (float32: the exactness path, float16) compute in float32.
+    dtype = torch.bfloat16 if query.dtype == torch.bfloat16 and softcap is None else torch.float32
     # k, v: [heads, context_len, head_dim]; KV head h serves query heads h*group .. (h+1)*group-1.
     # The copy for GQA is cheap next to prefill's L x T compute, and needs no torch>=2.5 enable_gqa.
-    k = _flat(key_cache).index_select(0, plan.slots).float().transpose(0, 1)
-    v = _flat(value_cache).index_select(0, plan.slots).float().transpose(0, 1)
+    k = _flat(key_cache).index_select(0, plan.slots).to(dtype).transpose(0, 1)
+    v = _flat(value_cache).index_select(0, plan.slots).to(dtype).transpose(0, 1)
     if group > 1:
         k = k.repeat_interleave(group, dim=0)
         v = v.repeat_interleave(group, dim=0)
-    q = query.float().transpose(0, 1)  # [heads, new_len, head_dim]
+    q = query.to(dtype).transpose(0, 1)  # [heads, new_len, head_dim]
     if softcap is None:
         # No prefix: SDPA's own causal mask is exact (query j at position j) and avoids a mask tensor.
         out = F.scaled_dot_product_attention(
