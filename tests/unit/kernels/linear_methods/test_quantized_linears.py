@@ -38,6 +38,7 @@ FORMATS: dict[str, Callable[[torch.dtype], LinearWeight]] = {
     "int4/g32": lambda dtype: Int4Weight.quantize(_weight(), 32, dtype),
     "int4/g128": lambda dtype: Int4Weight.quantize(_weight(), 128, dtype),
     "int4/g64, in not a group multiple": lambda dtype: Int4Weight.quantize(_weight(shape=(70, 100)), 64, dtype),
+    "int4/g32, odd in": lambda dtype: Int4Weight.quantize(_weight(shape=(130, 99)), 32, dtype),
     **{name: _gguf(name) for name in sorted(BLOCK_TYPES)},
     **{f"{name} as int4 tiles": (lambda dtype, name=name: as_int4_tiles(_gguf(name)(dtype))) for name in ("Q4_0", "Q4_1")},
 }
@@ -144,3 +145,4 @@ def test_native_kernels_decline_what_they_cannot_read() -> None:
     assert kernels.int8_linear(x[:, None], weight.qweight, weight.scales, None) is None  # not 2-D
     # the format still answers, through the reference
     torch.testing.assert_close(weight(x).float(), x.float() @ weight.dequantize().t(), rtol=2e-3, atol=2e-3)
+
