@@ -16,12 +16,17 @@ TGICTL_PREPACK_WEIGHTS (env.py): auto (the default), 1 (always, where oneDNN can
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from tgictl.env import read_env
 from tgictl.runtime.host import discover_cpu
+
+if TYPE_CHECKING:
+    from tgictl.kernels.linear_methods.base import LinearWeight
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +63,17 @@ def should_prepack(policy: str, packed_bytes: int, available_bytes: int) -> bool
     return policy == "on"
 
 
-def prepack_model(model: nn.Module) -> int:
-    """Pack every dense bf16 CPU weight of `model` (as the policy says); returns the bytes the copies take."""
-    from tgictl.kernels.linear_methods.dense import DenseWeight  # linear_methods imports this module
-
-    dense = [m for m in model.modules() if isinstance(m, DenseWeight) and can_prepack(m.weight)]
-    packed_bytes = sum(m.nbytes for m in dense)
+def prepack_weights(weights: Sequence[LinearWeight]) -> int:
+    """Pack `weights` (bf16 copies) as the policy says; returns the bytes the copies take."""
+    packed_bytes = sum(w.out_features * w.in_features * 2 for w in weights)
     policy = read_env().prepack_weights
-    if not dense or not should_prepack(policy, packed_bytes, discover_cpu().available_memory_bytes):
-        if dense and policy == "auto":
+    if not weights or not should_prepack(policy, packed_bytes, discover_cpu().available_memory_bytes):
+        if weights and policy == "auto":
             log.info("bf16 weights not prepacked for oneDNN: a second copy (%.1f MiB) would take more than %d%% of "
                      "the available memory (TGICTL_PREPACK_WEIGHTS=1 forces it)", packed_bytes / 2**20,
                      int(AUTO_MAX_SHARE_OF_AVAILABLE * 100))
         return 0
-    done = sum(m.weight.numel() * m.weight.element_size() for m in dense if m.prepack())
+    done = sum(w.out_features * w.in_features * 2 for w in weights if w.prepack())
     if done:
         log.info("bf16 weights prepacked for oneDNN's matmuls of 5+ rows: %.1f MiB more memory", done / 2**20)
     return done

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from tgictl.kernels import prepacked
 from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
 from tgictl.kernels.linear_methods import dispatch
+from tgictl.kernels.linear_methods import Int8Weight
 from tgictl.kernels.linear_methods.dense import DenseWeight
-from tgictl.kernels.prepacked import prepack, prepack_model, should_prepack
+from tgictl.kernels.prepacked import prepack, prepack_weights, should_prepack
 
 pytestmark = pytest.mark.skipif(prepack(torch.zeros(16, 16, dtype=torch.bfloat16)) is None,
                                 reason="this torch build has no oneDNN weight prepack")
@@ -30,7 +30,7 @@ def test_packed_products_equal_torch_linear(rows: int) -> None:
     weight = _weight()
     bias = torch.randn(96).to(torch.bfloat16)
     x = torch.randn(rows, 64).to(torch.bfloat16)
-    assert weight.prepack() and weight.packed is not None
+    assert weight.prepack() and weight.onednn_weight is not None
     for b in (None, bias):
         out = weight(x, b)
         assert out.shape == (rows, 96) and out.dtype == torch.bfloat16
@@ -40,7 +40,7 @@ def test_packed_products_equal_torch_linear(rows: int) -> None:
 def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
     weight = _weight()
     weight.prepack()
-    weight.packed = prepack(torch.zeros_like(weight.weight))  # a packed copy that is visibly not the weight
+    weight.onednn_weight = prepack(torch.zeros_like(weight.weight))  # a packed copy that is visibly not the weight
     few = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16], 64).to(torch.bfloat16)
     many = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16] + 1, 64).to(torch.bfloat16)
     assert weight(few).abs().sum() > 0  # the matrix-vector kernel on the plain weight
@@ -81,11 +81,22 @@ def test_policy(policy: str, packed_bytes: int, available: int, expected: bool) 
 
 
 @pytest.mark.parametrize(("raw", "expect_packed"), [("1", True), ("0", False)])
-def test_prepack_model_follows_the_policy(monkeypatch: pytest.MonkeyPatch, raw: str, expect_packed: bool) -> None:
+def test_prepack_weights_follows_the_policy(monkeypatch: pytest.MonkeyPatch, raw: str, expect_packed: bool) -> None:
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", raw)
-    model = nn.ModuleList([_weight(seed=1), _weight(seed=2), DenseWeight(torch.randn(8, 8))])  # the float32 one never
-    added = prepack_model(model)
-    packed = [m.packed is not None for m in model]
-    assert packed == [expect_packed, expect_packed, False]
+    weights = [_weight(seed=1), _weight(seed=2)]
+    added = prepack_weights(weights)
+    assert [w.onednn_weight is not None for w in weights] == [expect_packed, expect_packed]
     assert added == (2 * 96 * 64 * 2 if expect_packed else 0)
     assert prepacked.read_env().prepack_weights == ("on" if expect_packed else "off")
+
+
+def test_a_quantized_weight_packs_its_dequantization() -> None:
+    """Another format (here int8) gets a bf16 copy of what it stands for: many rows run on it, few on the
+    format's own kernels."""
+    weight = Int8Weight.quantize(torch.randn(96, 64) * 0.05, torch.bfloat16)
+    x_many, x_few = torch.randn(8, 64).to(torch.bfloat16), torch.randn(2, 64).to(torch.bfloat16)
+    before_few = weight(x_few)
+    assert weight.prepack()
+    expected = F.linear(x_many, weight.dequantize().to(torch.bfloat16))
+    torch.testing.assert_close(weight(x_many).float(), expected.float(), **BF16_TOL)
+    assert torch.equal(weight(x_few), before_few)  # a few rows: the format's kernels, unchanged

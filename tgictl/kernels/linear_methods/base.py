@@ -25,7 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgictl.kernels.batch_invariance import batch_invariant, in_row_blocks
+from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
 from tgictl.kernels.linear_methods import dispatch
+from tgictl.kernels.prepacked import packed_linear, prepack
 
 # (weight, x [rows, in], bias [out] or None) -> [rows, out] in x's dtype, or None: "not for this input".
 LinearFn = Callable[["LinearWeight", Tensor, "Tensor | None"], "Tensor | None"]
@@ -76,6 +78,27 @@ class LinearWeight(nn.Module, ABC):
         """ids: [tokens] int64 -> [tokens, in] in the serving dtype (rows of W as an embedding table)."""
         return self.dequantize_rows(ids).to(self.dtype)
 
+    # A bf16 copy of W in oneDNN's blocked layout for the products of more rows than the matrix-vector
+    # kernels serve (kernels/prepacked.py); set by prepack(), never a parameter or buffer.
+    onednn_weight: Tensor | None = None
+
+    def prepack(self) -> bool:
+        """Hold a packed bf16 copy of W (dense: the weight itself; other formats: their dequantization)."""
+        if self.dtype != torch.bfloat16 or self.device.type != "cpu":
+            return False
+        self.onednn_weight = prepack(self.dequantize().to(torch.bfloat16))
+        return self.onednn_weight is not None
+
+    def packed_matmul(self, x: Tensor, bias: Tensor | None) -> Tensor | None:
+        """x W^T + bias on the packed copy, or None where it does not serve x (no copy, few rows, not bf16)."""
+        rows = x.shape[0]
+        if self.onednn_weight is None or x.dtype != torch.bfloat16 or rows <= SMALL_LINEAR_MAX_ROWS[torch.bfloat16]:
+            return None
+        padded = dispatch.padded_rows(x)  # zero rows: oneDNN's kernel for some row counts is slower than for more
+        if padded > rows:
+            return packed_linear(F.pad(x, (0, 0, 0, padded - rows)), self.onednn_weight, bias)[:rows]
+        return packed_linear(x, self.onednn_weight, bias)
+
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """x: [rows, in] -> [rows, out] in x's dtype; in fixed row blocks under --batch-invariant."""
         if batch_invariant():
@@ -83,7 +106,10 @@ class LinearWeight(nn.Module, ABC):
         return self.matmul(x, bias)
 
     def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x W^T + bias by the first backend the dispatch table chooses that takes x."""
+        """x W^T + bias by the first backend the dispatch table chooses that takes x (the packed copy first)."""
+        packed = self.packed_matmul(x, bias)
+        if packed is not None:
+            return packed
         backends = self.backends()
         for name in dispatch.backend_order(self, x):
             fn = backends.get(name)  # the table may name a backend this format lacks (torch's, for GGUF)

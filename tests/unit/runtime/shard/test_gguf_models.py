@@ -23,7 +23,7 @@ from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.gguf_file import llama_row_order
 from tgictl.runtime.shard.models.base import CausalLM
-from tgictl.runtime.shard.models.registry import load_model
+from tgictl.runtime.shard.models.registry import load_model, packing_candidates
 from tgictl.testing.tiny_gguf import TypeChoice, every_projection, llama_permute, write_tiny_gguf
 
 CPU = torch.device("cpu")
@@ -123,3 +123,19 @@ def test_row_order_is_transformers_reverse_permutation(rows: int, heads: int) ->
     theirs = processor.process(weights=weights, name="blk.0.attn_q.weight").weights
     assert (ours == theirs).all()
     assert (llama_permute(weights, heads)[llama_row_order(rows, heads).numpy()] == weights).all()  # undone exactly
+
+
+def test_a_gguf_lm_head_gets_a_bf16_copy_for_many_rows(gguf_files: Callable[[str], Path], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantized LM head is held a second time for oneDNN (kernels/prepacked.py); the projections keep
+    only their blocks."""
+    monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "1")
+    model = load_model(gguf_model_dir(gguf_files("llama Q8_0"), tmp_path / "cache"), dtype=torch.bfloat16, device=CPU,
+                       dist=DistContext.single())
+    head = model.lm_head.weight
+    assert isinstance(head, GGUFWeight) and head.onednn_weight is not None
+    assert head in packing_candidates(model)
+    projections = [m for m in model.modules() if isinstance(m, GGUFWeight) and m is not head]
+    assert projections and all(m.onednn_weight is None for m in projections)
+    x = torch.randn(9, head.in_features).to(torch.bfloat16)  # 9 rows: the packed copy
+    torch.testing.assert_close(head(x).float(), (x.float() @ head.dequantize().t()), atol=0.05, rtol=0.02)

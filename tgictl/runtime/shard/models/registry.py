@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from tgictl.errors import UnsupportedModelError
-from tgictl.kernels.prepacked import prepack_model
+from tgictl.kernels.linear_methods import DenseWeight, LinearWeight
+from tgictl.kernels.prepacked import can_prepack, prepack_weights
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.shard.layers.embedding import ParallelLMHead
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.llama import LlamaForCausalLM, MistralForCausalLM
@@ -60,7 +62,7 @@ def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dis
         source = "GGUF blocks" if weights.is_gguf else (quantize.label if quantize is not None else "dense")
     model.eval()
     if device.type == "cpu":
-        prepack_model(model)
+        prepack_weights(packing_candidates(model))
     logger.info(
         "loaded %s (%s, %s weights: %.1f MiB) rank %d/%d in %.2f s",
         model_dir,
@@ -72,6 +74,20 @@ def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dis
         time.perf_counter() - start,
     )
     return model
+
+
+def packing_candidates(model: nn.Module) -> list[LinearWeight]:
+    """The weights held a second time for oneDNN (kernels/prepacked.py): every dense bf16 weight, and the LM
+    head in any other format (GGUF's Q8_0, --quantize's int8 vocabulary): the largest matmul, whose quantized
+    kernels take 5-10x oneDNN's time at 16-32 rows. Quantized projections stay as they are (a bf16 copy
+    would undo their format's memory saving)."""
+    found: dict[int, LinearWeight] = {}
+    for module in model.modules():
+        if isinstance(module, DenseWeight) and can_prepack(module.weight):
+            found[id(module)] = module
+        elif isinstance(module, ParallelLMHead) and module.weight.dtype == torch.bfloat16:
+            found[id(module.weight)] = module.weight
+    return list(found.values())
 
 
 def weight_bytes(model: nn.Module) -> int:
