@@ -238,9 +238,11 @@ def inherited_environ() -> dict[str, str]:
 
 # oneDNN (torch's CPU matmuls) keeps up to 1024 compiled kernels, one per matmul shape; a server
 # sees ever new shapes (every prefill length, every batch size), so its RSS grew by ~190 MiB under
-# 90 s of 16-client load. 32 kept the same throughput (scripts/soak.py, scripts/bench_vs_servers.py).
+# 90 s of 16-client load. 32 kept the same throughput (scripts/soak.py, scripts/bench_vs_servers.py);
+# 64 leaves room for the prepacked weights' decode kernels (kernels/prepacked.py: at most 8 row counts per
+# weight shape, 5 shapes for a llama) beside the prefill shapes.
 ONEDNN_CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-SHARD_ONEDNN_CACHE_CAPACITY = 32
+SHARD_ONEDNN_CACHE_CAPACITY = 64
 
 
 def apply_shard_library_defaults() -> None:

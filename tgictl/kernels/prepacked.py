@@ -1,12 +1,13 @@
-"""bf16 weights held a second time in oneDNN's own blocked layout, for the matmuls of five rows and more on CPU
+"""bf16 weights held a second time in oneDNN's own blocked layout, for the decode-sized matmuls (5-64 rows) on CPU
 (docs/architecture.md, "Decode step").
 
 Why: torch's bf16 `F.linear` hands oneDNN the plain [out, in] weight, which oneDNN re-lays into its blocked
 (AMX / AVX512-BF16) format on every call; at decode batch sizes that reorder costs as much as the product.
 `torch.ops.mkldnn._reorder_linear_weight` does it once (inductor's CPU freezing pass does the same). On
-SmolLM2-135M (all 121 linears, weights streamed from memory, Sapphire Rapids, 2 threads) a pass takes
-30 ms instead of 40 at 8 rows, 30 instead of 55 at 33, 36 instead of 60 at 64; the products are the same
-oneDNN kernels' (equal to `F.linear`'s bit for bit on that machine). Up to four rows the plain weight
+SmolLM2-135M (all 121 linears, weights streamed from memory, Sapphire Rapids, 2 threads, alternating) a
+pass takes 20.6 ms instead of 29.3 at 8 rows, 28.2 instead of 33.7 at 32 (23.4 padded to 33 rows), 33.8
+instead of 50.2 at 64; the products are the same oneDNN kernels' (equal to `F.linear`'s bit for bit on
+that machine). Up to four rows the plain weight
 stays faster (kernels/linear.py's matrix-vector kernel), so both copies are kept: the packed one costs
 the weights' bytes again, which is why `auto` packs only while that copy is small next to free memory.
 
@@ -32,6 +33,15 @@ log = logging.getLogger(__name__)
 
 # The row count oneDNN blocks the packed weight for; any row count can use it.
 PACK_ROWS_HINT = 32
+# The packed copy serves decode-sized products only, at a few row counts. oneDNN compiles a kernel for every
+# new row count, 3x slower for a packed weight than for torch's plain product (SmolLM2's four projection
+# shapes: 36 ms against 12 at each new row count), and a server sees ever new ones (prefill lengths, batch
+# sizes): unbucketed, a mixed-length load ran at half its speed. Row counts up to PACKED_MAX_ROWS are rounded
+# up to multiples of PACKED_ROW_STEP (zero rows; the products stay memory-bound there), so at most 8 kernels
+# per weight shape exist and stay in the shard's oneDNN cache (env.py); longer products (prefill chunks) take
+# the plain weight, where compute dwarfs the re-layout.
+PACKED_MAX_ROWS = 64
+PACKED_ROW_STEP = 8
 # `auto` packs while the packed copies take at most this share of the memory available after loading.
 AUTO_MAX_SHARE_OF_AVAILABLE = 0.25
 
@@ -55,6 +65,11 @@ def prepack(weight: Tensor) -> Tensor | None:
 def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     """x [rows, in] @ W^T + bias with W packed by `prepack`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def packed_rows(rows: int) -> int:
+    """The row count a product of `rows` rows runs at on the packed copy: a multiple of PACKED_ROW_STEP."""
+    return -(-rows // PACKED_ROW_STEP) * PACKED_ROW_STEP
 
 
 def should_prepack(policy: str, packed_bytes: int, available_bytes: int) -> bool:

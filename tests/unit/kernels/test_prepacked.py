@@ -25,7 +25,7 @@ def _weight(out_features: int = 96, in_features: int = 64, seed: int = 0) -> Den
     return DenseWeight(torch.randn(out_features, in_features, generator=generator).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("rows", [5, 16, 33, 64])
+@pytest.mark.parametrize("rows", [5, 16, 33, 64, 65, 200])
 def test_packed_products_equal_torch_linear(rows: int) -> None:
     weight = _weight()
     bias = torch.randn(96).to(torch.bfloat16)
@@ -45,6 +45,21 @@ def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
     many = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16] + 1, 64).to(torch.bfloat16)
     assert weight(few).abs().sum() > 0  # the matrix-vector kernel on the plain weight
     assert torch.equal(weight(many), torch.zeros(many.shape[0], 96, dtype=torch.bfloat16))
+
+
+def test_only_decode_sized_products_take_the_packed_copy_at_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5..64 rows run at multiples of 8 rows on the packed copy (a bounded set of oneDNN kernels); more rows
+    (prefill) take the plain weight."""
+    weight = _weight()
+    weight.prepack()
+    seen: list[int] = []
+    real = prepacked.packed_linear
+    monkeypatch.setattr("tgictl.kernels.linear_methods.base.packed_linear",
+                        lambda x, packed, bias: seen.append(x.shape[0]) or real(x, packed, bias))
+    for rows in (5, 9, 40, 64, 65, 300):
+        out = weight(torch.randn(rows, 64).to(torch.bfloat16))
+        assert out.shape == (rows, 96)
+    assert seen == [8, 16, 40, 64]  # 5, 9, 40, 64 rows; 65 and 300 on the plain weight
 
 
 def test_table_padding_changes_only_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from tgictl.kernels.batch_invariance import batch_invariant, in_row_blocks
 from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
 from tgictl.kernels.linear_methods import dispatch
-from tgictl.kernels.prepacked import packed_linear, prepack
+from tgictl.kernels.prepacked import PACKED_MAX_ROWS, packed_linear, packed_rows, prepack
 
 # (weight, x [rows, in], bias [out] or None) -> [rows, out] in x's dtype, or None: "not for this input".
 LinearFn = Callable[["LinearWeight", Tensor, "Tensor | None"], "Tensor | None"]
@@ -90,11 +90,14 @@ class LinearWeight(nn.Module, ABC):
         return self.onednn_weight is not None
 
     def packed_matmul(self, x: Tensor, bias: Tensor | None) -> Tensor | None:
-        """x W^T + bias on the packed copy, or None where it does not serve x (no copy, few rows, not bf16)."""
+        """x W^T + bias on the packed copy, or None where it does not serve x (no copy, not bf16, a row count
+        outside kernels/prepacked.py's decode range)."""
         rows = x.shape[0]
-        if self.onednn_weight is None or x.dtype != torch.bfloat16 or rows <= SMALL_LINEAR_MAX_ROWS[torch.bfloat16]:
+        if self.onednn_weight is None or x.dtype != torch.bfloat16 \
+                or not SMALL_LINEAR_MAX_ROWS[torch.bfloat16] < rows <= PACKED_MAX_ROWS:
             return None
-        padded = dispatch.padded_rows(x)  # zero rows: oneDNN's kernel for some row counts is slower than for more
+        measured = dispatch.padded_rows(x)  # the per-CPU table's row count where one was measured faster
+        padded = measured if measured != rows else packed_rows(rows)
         if padded > rows:
             return packed_linear(F.pad(x, (0, 0, 0, padded - rows)), self.onednn_weight, bias)[:rows]
         return packed_linear(x, self.onednn_weight, bias)
