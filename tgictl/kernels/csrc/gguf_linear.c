@@ -20,6 +20,7 @@
 #endif
 
 #include "fp16.h"
+#include "vec16.h"
 
 #define ROWS_PER_CHUNK 16
 #define QK 32
@@ -128,7 +129,6 @@ int tgictl_gguf_dequantize(int type, const uint8_t *w, int64_t row_bytes, float 
  * of rows and prefetches two rows ahead. The LM head of the default GGUF (49152 x 576 Q8_0, 30 MB): 4.6 GB/s
  * through the float32 row, 15+ GB/s here (Sapphire Rapids, 2 threads). Products and sums are float32, in
  * another order than the reference matmul's, so results differ from it by float rounding only. */
-typedef float v16f __attribute__((vector_size(64)));
 #define Q8_0_BYTES 34
 #define Q8_XROWS 4 /* input rows per pass over the weights */
 
@@ -148,18 +148,6 @@ static inline v16f widen_i8(const int8_t *p) {
     for (int i = 0; i < 16; i++) v[i] = (float)p[i];
 #endif
     return v;
-}
-
-static inline v16f load_v16f(const float *p) {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline float sum_v16f(v16f v) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += v[i];
-    return s;
 }
 
 static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, const float *x, int64_t k, int M,

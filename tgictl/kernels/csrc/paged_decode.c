@@ -22,6 +22,7 @@
 
 #include "bf16.h"
 #include "exp.h"
+#include "vec16.h"
 
 /* One (sequence, KV head) pair. q: [group, d] float32 scaled query rows; scores: [group, len] and
  * acc: [group, d] float32 scratch; row: [d] float32 scratch. `load_row` converts one cached row. */
@@ -79,37 +80,16 @@ DEFINE_PAIR(pair_bf16_any, uint16_t, bf16_to_float, d_runtime)
  * one the lane with its low half cleared), so a cached row is read in "even|odd" order per 32 elements; the
  * query is laid out in that order once, and the output is put back in order at the end. The value sums of
  * up to ACC_VECTORS vectors stay in registers across the whole context (more heads per KV head take more
- * passes over V). On SmolLM2's shapes (9 heads, 3 KV heads, d 64) this is ~2-3x the generic loop's speed. */
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-
+ * passes over V; the widening: vec16.h). On SmolLM2's shapes (9 heads, 3 KV heads, d 64) this is ~2-3x the generic loop's speed. */
 #define ACC_VECTORS 24
 #define MAX_VECTORS 8 /* d 128 */
 
-static inline v16f vload(const float *p) {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline float vsum(v16f v) {
-    const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    const v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
 /* One cached bf16 row of d = 16 * V elements as V float32 vectors in even|odd order. */
 static inline void load_row_bf16(const uint16_t *row, int V, v16f out[MAX_VECTORS]) {
-    const v16u high = (v16u){0} + 0xFFFF0000u;
     for (int c = 0; c < V / 2; c++) {
-        v16u u;
-        memcpy(&u, row + 32 * c, sizeof u);
-        const v16u even = u << 16, odd = u & high;
-        memcpy(&out[2 * c], &even, sizeof even);
-        memcpy(&out[2 * c + 1], &odd, sizeof odd);
+        const v16u u = load_v16u(row + 32 * c);
+        out[2 * c] = bf16_even(u);
+        out[2 * c + 1] = bf16_odd(u);
     }
 }
 
@@ -126,12 +106,12 @@ static inline __attribute__((always_inline)) void pair_bf16_vec(
         v16f k[MAX_VECTORS];
         load_row_bf16(key_cache + (slots[t] * kv_heads + h) * d, V, k);
         for (int64_t g = 0; g < group; g++) {
-            v16f a = vload(q + g * d) * k[0], b = vload(q + g * d + 16) * k[1];
+            v16f a = load_v16f(q + g * d) * k[0], b = load_v16f(q + g * d + 16) * k[1];
             for (int v = 2; v < V; v += 2) {
-                a += vload(q + g * d + 16 * v) * k[v];
-                b += vload(q + g * d + 16 * v + 16) * k[v + 1];
+                a += load_v16f(q + g * d + 16 * v) * k[v];
+                b += load_v16f(q + g * d + 16 * v + 16) * k[v + 1];
             }
-            float dot = vsum(a + b);
+            float dot = sum_v16f(a + b);
             if (softcap > 0.0f) dot = tanhf(dot / softcap) * softcap;
             scores[g * len + t] = dot;
         }
@@ -171,21 +151,17 @@ static inline __attribute__((always_inline)) void pair_bf16_vec(
     }
 }
 
-static void pair_bf16_vec64(const float *q_in, const uint16_t *kc, const uint16_t *vc, const int64_t *slots,
-                            int64_t len, int64_t kv_heads, int64_t h, int64_t group, int64_t d, float softcap,
-                            float *scores, float *acc, float *row, float *out_rows) {
-    (void)d;
-    (void)row;
-    pair_bf16_vec(q_in, kc, vc, slots, len, kv_heads, h, group, softcap, scores, acc, out_rows, 4);
-}
-
-static void pair_bf16_vec128(const float *q_in, const uint16_t *kc, const uint16_t *vc, const int64_t *slots,
-                             int64_t len, int64_t kv_heads, int64_t h, int64_t group, int64_t d, float softcap,
-                             float *scores, float *acc, float *row, float *out_rows) {
-    (void)d;
-    (void)row;
-    pair_bf16_vec(q_in, kc, vc, slots, len, kv_heads, h, group, softcap, scores, acc, out_rows, 8);
-}
+/* The two head sizes as the entry's function-pointer signature (d, row: the generic pair's arguments). */
+#define DEFINE_PAIR_VEC(NAME, V)                                                                         \
+    static void NAME(const float *q_in, const uint16_t *kc, const uint16_t *vc, const int64_t *slots,     \
+                     int64_t len, int64_t kv_heads, int64_t h, int64_t group, int64_t d, float softcap,   \
+                     float *scores, float *acc, float *row, float *out_rows) {                            \
+        (void)d;                                                                                         \
+        (void)row;                                                                                       \
+        pair_bf16_vec(q_in, kc, vc, slots, len, kv_heads, h, group, softcap, scores, acc, out_rows, V);  \
+    }
+DEFINE_PAIR_VEC(pair_bf16_vec64, 4)
+DEFINE_PAIR_VEC(pair_bf16_vec128, 8)
 
 typedef void (*pair_f32_fn)(const float *, const float *, const float *, const int64_t *, int64_t, int64_t,
                             int64_t, int64_t, int64_t, float, float *, float *, float *, float *);

@@ -24,6 +24,7 @@
 #endif
 
 #include "bf16.h"
+#include "vec16.h"
 
 #define ROWS_PER_CHUNK 16
 #define TILE 64
@@ -92,8 +93,6 @@ static inline void int4_tile(const float *x, const float *xsum, const uint8_t *t
  * vectors in registers, and each input row's sums for the 64 rows stay in four registers over the group
  * (int4_tile goes through a float row in memory, which the compiler keeps scalar-ish: at one input row it
  * ran at 5-8 GB/s, below torch's kernel). Same sums per group in the same order of columns. */
-typedef float v16f __attribute__((vector_size(64)));
-
 static inline v16f as_v16f(__m512 x) {
     v16f v;
     memcpy(&v, &x, sizeof v);

@@ -7,10 +7,8 @@
  * bf16 weights: each thread streams one contiguous range of output rows, four rows at a time (four
  * independent sums hide the multiply-add latency), and prefetches two tiles ahead into L2 (measured on
  * SmolLM2's shapes, Sapphire Rapids, 2 threads: 10-11 GB/s without, 15-18 with, against 18 for a bare
- * read). A bf16 pair in a 32-bit lane becomes two float32 values without a shuffle: the even element is
- * the lane shifted left by 16, the odd one the lane with its low half cleared; x is laid out once per
- * call as even|odd halves of every 32 columns to match. (A per-element widening, vpmovzxwd, is a shuffle
- * on one port and capped the kernel at 10 GB/s per core even with the weights in L2.) Products and sums
+ * read). A bf16 pair in a 32-bit lane becomes two float32 values without a shuffle (vec16.h), so x is
+ * laid out once per call as even|odd halves of every 32 columns to match. Products and sums
  * are float32; sums are in another order than oneDNN's, so results differ from torch's by float
  * rounding only. x and y are bf16 or float32 (flags), so the caller converts nothing.
  *
@@ -28,6 +26,7 @@
 #include <omp.h>
 
 #include "bf16.h"
+#include "vec16.h"
 
 /* Output features per OpenMP chunk of the f32 kernel: enough rows to amortise scheduling, few enough to balance. */
 #define ROWS_PER_CHUNK 64
@@ -48,37 +47,10 @@ void tgictl_small_linear_f32(const float *x, const float *weight, const float *b
     }
 }
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-
 #define CHUNK 32     /* columns per step: 16 bf16 pairs, one 64-byte line of a weight row */
 #define TILE 4       /* weight rows per pass */
 #define MAX_XROWS 4  /* input rows per pass over the weights */
 #define PREFETCH_TILES 2
-
-static inline v16u load_u(const void *p) {
-    v16u u;
-    memcpy(&u, p, sizeof u);
-    return u;
-}
-
-static inline v16f as_f(v16u u) {
-    v16f f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline v16f load_f(const float *p) {
-    v16f f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-
-static inline float hsum(v16f v) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += v[i];
-    return s;
-}
 
 static inline float x_at(const void *x, int x_bf16, int64_t index) {
     return x_bf16 ? bf16_to_float(((const uint16_t *)x)[index]) : ((const float *)x)[index];
@@ -89,7 +61,6 @@ static inline float x_at(const void *x, int x_bf16, int64_t index) {
 static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *w, const float *xs, const float *xt,
                                                             int64_t k, int64_t kv, int64_t r, int M,
                                                             float sums[MAX_XROWS][TILE]) {
-    const v16u high = (v16u){0} + 0xFFFF0000u;
     v16f acc[MAX_XROWS][TILE];
     for (int i = 0; i < M; i++)
         for (int t = 0; t < TILE; t++) acc[i][t] = (v16f){0};
@@ -97,18 +68,18 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *w, c
     for (int64_t j = 0; j < kv; j += CHUNK) {
         for (int t = 0; t < TILE; t++) __builtin_prefetch(ahead + t * k + j, 0, 1);
         v16u u[TILE];
-        for (int t = 0; t < TILE; t++) u[t] = load_u(w0 + t * k + j);
+        for (int t = 0; t < TILE; t++) u[t] = load_v16u(w0 + t * k + j);
         for (int i = 0; i < M; i++) {
-            const v16f even = load_f(xs + i * kv + j), odd = load_f(xs + i * kv + j + 16);
+            const v16f even = load_v16f(xs + i * kv + j), odd = load_v16f(xs + i * kv + j + 16);
             for (int t = 0; t < TILE; t++) {
-                acc[i][t] += as_f(u[t] << 16) * even;
-                acc[i][t] += as_f(u[t] & high) * odd;
+                acc[i][t] += bf16_even(u[t]) * even;
+                acc[i][t] += bf16_odd(u[t]) * odd;
             }
         }
     }
     for (int i = 0; i < M; i++)
         for (int t = 0; t < TILE; t++) {
-            float s = hsum(acc[i][t]);
+            float s = sum_v16f(acc[i][t]);
             for (int64_t j = kv; j < k; j++) s += bf16_to_float(w0[t * k + j]) * xt[i * k + j];
             sums[i][t] = s;
         }
@@ -116,14 +87,13 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *w, c
 
 /* One output row (the tail of a thread's range when it is not a multiple of TILE). */
 static float row_bf16(const uint16_t *w, const float *xs, const float *xt, int64_t k, int64_t kv) {
-    const v16u high = (v16u){0} + 0xFFFF0000u;
     v16f acc = {0};
     for (int64_t j = 0; j < kv; j += CHUNK) {
-        const v16u u = load_u(w + j);
-        acc += as_f(u << 16) * load_f(xs + j);
-        acc += as_f(u & high) * load_f(xs + j + 16);
+        const v16u u = load_v16u(w + j);
+        acc += bf16_even(u) * load_v16f(xs + j);
+        acc += bf16_odd(u) * load_v16f(xs + j + 16);
     }
-    float s = hsum(acc);
+    float s = sum_v16f(acc);
     for (int64_t j = kv; j < k; j++) s += bf16_to_float(w[j]) * xt[j];
     return s;
 }
