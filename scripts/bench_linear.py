@@ -89,19 +89,18 @@ CONFIRM_ROUNDS = 7
 
 
 def packed_sweep(args: argparse.Namespace) -> None:
-    weights = [w for _ in range(args.layers) for _, n, k in SHAPES[:-1] if (w := prepack(torch.randn(n, k).bfloat16()))
-               is not None]
+    # (packed weight, in features) of every layer's projections, in model order
+    weights = [(prepack(torch.randn(n, k).bfloat16()), k) for _ in range(args.layers) for _, n, k in SHAPES[:-1]]
     head = prepack(torch.randn(SHAPES[-1][1], SHAPES[-1][2]).bfloat16())
-    if head is None or not weights:
+    if head is None or any(w is None for w, _ in weights):
         raise SystemExit("oneDNN cannot prepack bf16 weights here: nothing to sweep")
-    shapes = [(n, k) for _ in range(args.layers) for _, n, k in SHAPES[:-1]]
     first = SMALL_LINEAR_MAX_ROWS[torch.bfloat16] + 1
     rows_range = range(first, args.max_rows + 1)
-    inputs = {m: {k: torch.randn(m, k).bfloat16() for k in {k for _, k in shapes}} for m in rows_range}
+    inputs = {m: {k: torch.randn(m, k).bfloat16() for k in {k for _, k in weights}} for m in rows_range}
 
     def one_pass(m: int) -> float:
         start = time.perf_counter()
-        for w, (_, k) in zip(weights, shapes):
+        for w, k in weights:
             packed_linear(inputs[m][k], w, None)
         packed_linear(inputs[m][SHAPES[-1][2]], head, None)
         return time.perf_counter() - start

@@ -161,25 +161,20 @@ def _bind(path: Path) -> NativeKernels:
     library = ctypes.CDLL(str(path))
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     functions = []
-    for name in ("tgictl_paged_decode_f32", "tgictl_paged_decode_bf16"):
-        fn = getattr(library, name)
-        fn.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        functions.append(fn)
-    linear_f32 = library.tgictl_small_linear_f32
-    linear_f32.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
-    linear_f32.restype = None
-    linear_bf16 = library.tgictl_small_linear_bf16
-    linear_bf16.argtypes = [p, ctypes.c_int, p, p, p, ctypes.c_int, i64, i64, i64, ctypes.c_int]
-    linear_bf16.restype = ctypes.c_int
-    functions += [linear_f32, linear_bf16]
     c_int, u64, f64 = ctypes.c_int, ctypes.c_uint64, ctypes.c_double
+    decode = [p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, c_int]
     signatures = {
         "tgictl_shm_register": [p, c_int, i64],
         "tgictl_shm_all_reduce": [p, c_int, c_int, i64, u64, p, i64, c_int, f64],
         "tgictl_shm_all_gather": [p, c_int, c_int, i64, u64, p, i64, p, f64],
     }
-    fused: dict[str, tuple[list[type], type | None]] = {
+    # In NativeKernels' field order.
+    kernels: dict[str, tuple[list[type], type | None]] = {
+        "tgictl_paged_decode_f32": (decode, c_int),
+        "tgictl_paged_decode_bf16": (decode, c_int),
+        "tgictl_small_linear_f32": ([p, p, p, p, i64, i64, i64, c_int], None),
+        "tgictl_small_linear_bf16": ([p, c_int, p, p, p, c_int, i64, i64, i64, c_int], c_int),
+        **{name: (argtypes, c_int) for name, argtypes in signatures.items()},
         "tgictl_rmsnorm_bf16": ([p, p, p, p, p, i64, i64, f32, c_int], None),
         "tgictl_silu_mul_f32": ([p, p, i64, i64, c_int], None),
         "tgictl_silu_mul_bf16": ([p, p, i64, i64, c_int], None),
@@ -187,7 +182,7 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_rotary_store_bf16": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
         "tgictl_greedy_f32": ([p, i64, i64, p, p, c_int], i64),
     }
-    for name, (argtypes, restype) in {**{k: (v, c_int) for k, v in signatures.items()}, **fused}.items():
+    for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)
         fn.argtypes = argtypes
         fn.restype = restype
