@@ -47,6 +47,9 @@ from tgictl.runtime.shard.sampling.stopping import finish_reason
 from tgictl.runtime.shard.speculation.drafter import Drafter, RowDrafter, batch_drafts
 from tgictl.runtime.shard.speculation.verify import accepted_length, expand
 
+# Prompt positions scored per log-softmax (see ModelRunner._prompt_logprobs).
+PROMPT_LOGPROB_ROWS = 512
+
 
 class ModelRunner:
     """Runs steps of `ShardBatch`es on one rank's model and KV cache."""
@@ -239,15 +242,22 @@ class ModelRunner:
             logit_rows.extend(range(first, first + count))
             targets.extend(row.all_ids[row.cache_len + 1 : stop + 1])
             counts[b] = count
-        index = torch.tensor(logit_rows, dtype=torch.int64, device=logits.device)
-        target = torch.tensor(targets, dtype=torch.int64, device=logits.device)
-        # [m, V] -> [m]: only the chosen column survives, but log_softmax needs the whole row.
-        log_probs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-        flat: list[float] = log_probs.gather(1, target[:, None])[:, 0].tolist()
-        # Top-n lists come from the same tensor, so a prompt token that is the most likely one has
-        # exactly its top entry's logprob (evaluation harnesses compare them for equality).
         top_n = [rows[b].request.top_n_tokens for b, count in counts.items() for _ in range(count)]
-        tops = top_n_tokens(log_probs, top_n) if any(top_n) else None
+        flat: list[float] = []
+        tops: list[tuple[list[int], list[float]]] | None = [] if any(top_n) else None
+        # [m, V] -> [m]: only the chosen column survives, but log_softmax needs the whole row; in
+        # slices, so a long prompt's scores take a slice's [PROMPT_LOGPROB_ROWS, V], not another [m, V]
+        # or two (4,096 prompt tokens: 0.8 GB each in float32).
+        for at in range(0, len(logit_rows), PROMPT_LOGPROB_ROWS):
+            part = slice(at, at + PROMPT_LOGPROB_ROWS)
+            index = torch.tensor(logit_rows[part], dtype=torch.int64, device=logits.device)
+            target = torch.tensor(targets[part], dtype=torch.int64, device=logits.device)
+            log_probs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+            flat.extend(log_probs.gather(1, target[:, None])[:, 0].tolist())
+            # Top-n lists come from the same tensor, so a prompt token that is the most likely one has
+            # exactly its top entry's logprob (evaluation harnesses compare them for equality).
+            if tops is not None:
+                tops.extend(top_n_tokens(log_probs, top_n[part]))
         out: dict[int, list[float]] = {}
         out_top: dict[int, list[tuple[list[int], list[float]]]] = {}
         at = 0

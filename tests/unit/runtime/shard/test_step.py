@@ -228,6 +228,42 @@ def test_prompt_logprobs_of_several_rows_in_one_forward(runner: ModelRunner, hf_
         assert by_id[rid].tokens.ids[0] == int(reference[-1].argmax())
 
 
+def test_prompt_logprobs_scored_in_slices_equal_one_pass(
+    runner: ModelRunner, hf_model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long prompts' logits and log-softmaxes go in slices (memory); the slices' seams change nothing."""
+    from tgictl.runtime.shard import step as step_module
+    from tgictl.runtime.shard.layers import embedding
+
+    runner.set_max_prefill_tokens(None)
+
+    def first_step() -> dict[int, object]:
+        pool = BlockPool()
+        requests = [
+            make_request(pool, 0, PROMPTS[1], max_new_tokens=2, prefill_logprobs=True, top_n_tokens=2),
+            make_request(pool, 1, PROMPTS[2], max_new_tokens=2),
+            make_request(pool, 2, LONG_PROMPT, max_new_tokens=2, prefill_logprobs=True, top_n_tokens=3),
+        ]
+        return {g.request_id: g for g in runner.generate_token(shard_batch(runner, 0, requests))[0]}
+
+    whole = first_step()
+    monkeypatch.setattr(step_module, "PROMPT_LOGPROB_ROWS", 3)  # seams inside every prompt
+    monkeypatch.setattr(embedding, "LM_HEAD_ROWS", 4)
+    sliced = first_step()
+    for rid, prompt in ((0, PROMPTS[1]), (2, LONG_PROMPT)):
+        ours, theirs = sliced[rid], whole[rid]
+        assert ours.tokens.ids == theirs.tokens.ids  # type: ignore[attr-defined]
+        logprobs = ours.prefill_tokens.logprobs  # type: ignore[attr-defined]
+        assert list(logprobs[1:]) == pytest.approx(list(theirs.prefill_tokens.logprobs[1:]), abs=1e-5)  # type: ignore[attr-defined]
+        reference = hf_log_softmax(hf_model, prompt)
+        assert list(logprobs[1:]) == pytest.approx([reference[p - 1, prompt[p]].item() for p in range(1, len(prompt))],
+                                                   abs=1e-4)
+        tops = [t.ids for t in ours.prefill_top_tokens]  # type: ignore[attr-defined]
+        assert len(tops) == len(prompt) and tops == [t.ids for t in theirs.prefill_top_tokens]  # type: ignore[attr-defined]
+        assert all(len(ids) >= 2 for ids in tops[1:])
+    assert sliced[1].prefill_tokens is None  # type: ignore[attr-defined]
+
+
 def test_next_chunks_walk_from_newest_to_oldest(runner: ModelRunner) -> None:
     pool = BlockPool()
     requests = [
