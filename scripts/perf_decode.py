@@ -146,11 +146,15 @@ def main() -> None:
     parser.add_argument("--compare-fused", action="store_true",
                         help="also time the served step with the fused elementwise kernels and the greedy "
                         "kernel (kernels/fused.py) off, alternating step by step")
+    parser.add_argument("--compare-layer-loop", action="store_true",
+                        help="also time the served step with the decode layers' compiled loop "
+                        "(kernels/decode_layers.py) off, alternating step by step")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    new_tokens = args.steps * (4 if args.compare_fused or args.compare_batch_invariant else 2) + args.profile + 8
+    compares = args.compare_fused + args.compare_batch_invariant + args.compare_layer_loop
+    new_tokens = args.steps * (2 + 2 * compares) + args.profile + 8
     prefill_start = time.perf_counter()
     model, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, new_tokens)
     prefill_tps = args.batch * args.context / (time.perf_counter() - prefill_start)
@@ -237,6 +241,19 @@ def main() -> None:
         print(f"served step, fused kernels on: {fused_s * 1e3:.1f} ms ({args.batch / fused_s:.0f} tok/s); "
               f"off (torch ops): {torch_s * 1e3:.1f} ms ({args.batch / torch_s:.0f} tok/s): "
               f"{torch_s / fused_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.compare_layer_loop:
+        stack = model.plain_layer_stack
+        looped: list[float] = []
+        python_layers: list[float] = []
+        for _ in range(args.steps):
+            looped.append(timed(lambda: runner.generate_token(batch)))
+            model.plain_layer_stack = lambda: None  # type: ignore[method-assign]
+            python_layers.append(timed(lambda: runner.generate_token(batch)))
+            model.plain_layer_stack = stack  # type: ignore[method-assign]
+        loop_s, python_s = statistics.median(looped), statistics.median(python_layers)
+        print(f"served step, layer loop on: {loop_s * 1e3:.1f} ms ({args.batch / loop_s:.0f} tok/s); "
+              f"off (Python layers): {python_s * 1e3:.1f} ms ({args.batch / python_s:.0f} tok/s): "
+              f"{python_s / loop_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
     if args.compare_batch_invariant:
         invariant: list[float] = []
         default: list[float] = []

@@ -11,6 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from tgictl.kernels import AttentionMetadata
+from tgictl.kernels.decode_layers import LayerShape, LayerStack, decode_layers
+from tgictl.kernels.linear_methods import DenseWeight
 from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
@@ -64,6 +66,21 @@ class DecoderLayer(nn.Module):
         mlp_adapters = adapters.for_rows(rows is not None) if adapters else None
         return hidden, self.mlp(normed, mlp_adapters)
 
+    def plain_weights(self, shape: LayerShape) -> list[Tensor] | None:
+        """This layer's weights in kernels/decode_layers.py's order when it is the plain layer that C
+        loop computes (no biases, no q/k norms, dense bf16 weights, one rank), else None."""
+        attention, mlp = self.attention, self.mlp
+        linears = (attention.qkv, attention.o_proj, mlp.gate_up, mlp.down)
+        if attention.q_norm is not None or any(linear.bias is not None for linear in linears) \
+                or attention.o_proj.dist.is_sharded or mlp.down.dist.is_sharded \
+                or not all(isinstance(linear.weight, DenseWeight) for linear in linears) \
+                or self.input_norm.eps != shape.eps or self.post_attention_norm.eps != shape.eps \
+                or attention.scale != shape.scale:
+            return None
+        weights = [self.input_norm.weight, attention.qkv.weight.weight, attention.o_proj.weight.weight,
+                   self.post_attention_norm.weight, mlp.gate_up.weight.weight, mlp.down.weight.weight]
+        return weights if LayerStack.accepts(weights, shape) else None
+
 
 class LlamaForCausalLM(CausalLM):
     @classmethod
@@ -87,6 +104,7 @@ class LlamaForCausalLM(CausalLM):
             head = load_vocab_rows(weights, "lm_head.weight", config.vocab_size)
             self.lm_head = ParallelLMHead(head, config.vocab_size, dist)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, device)
+        self._plain_stack: LayerStack | bool | None = None  # plain_layer_stack(): None until decided
 
     def compute_logits(
         self,
@@ -107,13 +125,39 @@ class LlamaForCausalLM(CausalLM):
         cos, sin = self.rotary(positions, seq_lens, hidden.dtype)  # [tokens, head_dim // 2]
         last = len(self.layers) - 1
         delta: Tensor | None = None
-        for i, layer in enumerate(self.layers):
+        first = 0
+        stack = self.plain_layer_stack() if adapters is None and last > 0 else None
+        if stack is not None:  # every layer but the last (it picks the logit rows) in one compiled call
+            done = decode_layers(stack, hidden, None, cos, sin, slots, [kv_cache.layer(i) for i in range(last)], meta)
+            if done is not None:
+                (hidden, delta), first = done, last
+        for i in range(first, len(self.layers)):
+            layer = self.layers[i]
             key_cache, value_cache = kv_cache.layer(i)
             rows = logit_indices if i == last else None  # after the last attention only these rows matter
             hidden, delta = layer(hidden, delta, cos, sin, slots, key_cache, value_cache, meta, rows, adapters)
         if delta is None:  # a model without layers
             return self.lm_head(self.norm(hidden))
         return self.lm_head(self.norm.add_forward(hidden, delta)[1])  # [n, vocab] float32
+
+    def plain_layer_stack(self) -> LayerStack | None:
+        """Every layer but the last as kernels/decode_layers.py's stack, when all are plain layers;
+        decided once, on the first forward (after load, when the weights no longer move)."""
+        if self._plain_stack is None:
+            self._plain_stack = False
+            layers = list(self.layers)[:-1]
+            if layers:
+                attention, mlp = layers[0].attention, layers[0].mlp
+                shape = LayerShape(
+                    hidden_size=self.config.hidden_size, heads=attention.num_heads, kv_heads=attention.num_kv_heads,
+                    head_dim=attention.head_dim, intermediate=mlp.down.weight.in_features,
+                    eps=layers[0].input_norm.eps, scale=attention.scale,
+                )
+                weights = [layer.plain_weights(shape) for layer in layers]
+                plain = [w for w in weights if w is not None]
+                if len(plain) == len(layers):
+                    self._plain_stack = LayerStack(shape, plain)
+        return self._plain_stack or None
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -1,0 +1,118 @@
+"""The decode step's layers in one compiled call (kernels/decode_layers.py) against the Python layers.
+
+The C loop makes the Python layers' calls in their order, so every logprob, token and KV entry must be
+equal bit for bit; and it must decline what it does not compute (prefill, five rows, families with
+biases or q/k norms) without changing anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from shard_helpers import BlockPool, Outputs, make_request, make_runner, run_to_end, shard_batch
+
+from tgictl.kernels.decode_layers import decode_layers
+from tgictl.kernels.metadata import AttentionMetadata
+from tgictl.proto.messages import SamplingParams
+from tgictl.runtime.shard.models import llama
+from tgictl.runtime.shard.step import ModelRunner
+
+PROMPTS = [[3, 17, 45, 200, 9, 31, 77], [100, 101, 102, 7], [11, 400, 12, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                                               17, 18, 19, 20], [5]]
+SAMPLING = [SamplingParams(), SamplingParams(do_sample=True, seed=3, temperature=0.8),
+            SamplingParams(repetition_penalty=1.2), SamplingParams()]
+# (hidden, heads, kv heads): head size 16 takes the attention kernel's loop, 64 its vector pair kernel.
+SHAPES = {"head 16": (64, 4, 2), "head 64": (256, 4, 1)}
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def model_dir(request: pytest.FixtureRequest, make_tiny_model: Callable[..., Path]) -> Path:
+    hidden, heads, kv_heads = SHAPES[request.param]
+    return make_tiny_model("llama", num_layers=4, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+                           intermediate_size=2 * hidden, dtype="bfloat16")
+
+
+def _generate(runner: ModelRunner, count: int, new_tokens: int) -> Outputs:
+    outputs = Outputs()
+    pool = BlockPool()
+    requests = [make_request(pool, i, PROMPTS[i % len(PROMPTS)], max_new_tokens=new_tokens + i,
+                             sampling=SAMPLING[i % len(SAMPLING)], ignore_eos=True) for i in range(count)]
+    run_to_end(runner, shard_batch(runner, 0, requests), outputs)
+    return outputs
+
+
+def _python_layers(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
+    monkeypatch.setattr(runner.model, "plain_layer_stack", lambda: None)
+    return runner
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
+    model_dir: Path, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiled = make_runner(model_dir, dtype=torch.bfloat16)
+    assert compiled.model.plain_layer_stack() is not None  # this model's layers are plain
+    reference = _python_layers(make_runner(model_dir, dtype=torch.bfloat16), monkeypatch)
+    ran: list[bool] = []  # per forward of the compiled runner: did the C loop compute the layers
+
+    def recording(*args: object, **kwargs: object) -> object:
+        result = decode_layers(*args, **kwargs)  # type: ignore[arg-type]
+        ran.append(result is not None)
+        return result
+
+    monkeypatch.setattr(llama, "decode_layers", recording)
+    ours = _generate(compiled, rows, 12)
+    theirs = _generate(reference, rows, 12)
+    # Never the prefill; every decode step of up to 4 rows (five rows decline until one finishes).
+    assert not ran[0] and ran[1] == (rows <= 4) and (all(ran[1:]) if rows <= 4 else ran[-1])
+    for rid in range(rows):
+        assert ours.ids(rid) == theirs.ids(rid)
+        assert ours.logprobs(rid) == theirs.logprobs(rid)  # float equality: the same logits
+    for layer in range(compiled.kv_cache.num_layers):
+        for a, b in zip(compiled.kv_cache.layer(layer), reference.kv_cache.layer(layer)):
+            assert torch.equal(a, b)
+
+
+def _decode_inputs(runner: ModelRunner, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                            AttentionMetadata]:
+    """hidden, cos, sin and the metadata of one decode step of `rows` one-token sequences."""
+    model = runner.model
+    slots = torch.arange(rows, dtype=torch.int64) * runner.block_size + 3  # position 3 of blocks 0..rows-1
+    meta = AttentionMetadata.build([3] * rows, [1] * rows, [[b] for b in range(rows)], runner.block_size,
+                                   runner.device)
+    hidden = model.embed(torch.arange(rows, dtype=torch.int64) + 5)
+    cos, sin = model.rotary(torch.full((rows,), 3, dtype=torch.int64), None, hidden.dtype)
+    return hidden, cos, sin, slots, meta  # type: ignore[return-value]
+
+
+def test_the_loop_declines_what_it_does_not_compute(model_dir: Path) -> None:
+    runner = make_runner(model_dir, dtype=torch.bfloat16)
+    stack = runner.model.plain_layer_stack()
+    assert stack is not None
+    caches = [runner.kv_cache.layer(i) for i in range(stack.count)]
+    hidden, cos, sin, slots, meta = _decode_inputs(runner, 2)
+    assert decode_layers(stack, hidden, None, cos, sin, slots, caches, meta) is not None
+    five = _decode_inputs(runner, 5)  # more rows than the matrix-vector kernel takes
+    assert decode_layers(stack, five[0], None, five[1], five[2], five[3], caches, five[4]) is None
+    prefill = AttentionMetadata.build([0], [2], [[0]], runner.block_size, runner.device)  # two new tokens
+    assert decode_layers(stack, hidden, None, cos, sin, slots, caches, prefill) is None
+    assert decode_layers(stack, hidden.float(), None, cos, sin, slots, caches, meta) is None
+    assert decode_layers(stack, hidden, None, cos, sin, slots, caches[:-1], meta) is None
+    with pytest.raises(Exception, match="outside the cache"):
+        outside = torch.tensor([runner.kv_cache.num_blocks * runner.block_size, 0], dtype=torch.int64)
+        decode_layers(stack, hidden, None, cos, sin, outside, caches, meta)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_families_with_biases_or_qk_norms_keep_the_python_layers(
+    family: str, make_tiny_model: Callable[..., Path]
+) -> None:
+    runner = make_runner(make_tiny_model(family, num_layers=3, dtype="bfloat16"), dtype=torch.bfloat16)
+    assert runner.model.plain_layer_stack() is None
+
+
+def test_float32_keeps_the_python_layers(model_dir: Path) -> None:
+    assert make_runner(model_dir, dtype=torch.float32).model.plain_layer_stack() is None
