@@ -8,8 +8,11 @@ results bit for bit (tests/unit/kernels/test_decode_layers.py holds it to them).
 
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernel's range), in bf16 on the
 CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says whether its layers
-have the plain shape (dense bf16 weights, no biases, no q/k norms, no softcap): `LayerStack`. Otherwise
-the caller runs its layers in Python.
+have the plain shape (no biases, no q/k norms, no softcap; projections dense bf16 or int4 tiles, i.e.
+--quantize int4 and a GGUF's Q4_0 / Q4_1): `LayerStack`. Otherwise the caller runs its layers in
+Python. int4 projections are multiplied by the C int4 kernel even where the dispatch table would pick
+torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the calls
+the loop saves are worth more than the table's margin).
 """
 
 from __future__ import annotations
@@ -24,11 +27,17 @@ from torch import Tensor
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.batch_invariance import batch_invariant
 from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
+from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, LinearWeight
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
 
-# The order csrc/decode_layers.c reads each layer's weights in.
-LAYER_WEIGHTS = ("input_norm", "qkv", "o", "post_norm", "gate_up", "down")
+
+
+class _Linear(ctypes.Structure):
+    """csrc/decode_layers.c's linear_desc: bf16 rows (group 0) or int4 tiles."""
+
+    _fields_ = [("weight", ctypes.c_void_p), ("scales_zeros", ctypes.c_void_p), ("group", ctypes.c_int64),
+                ("k_pad", ctypes.c_int64)]
 
 
 @dataclass(frozen=True)
@@ -41,31 +50,63 @@ class LayerShape:
     eps: float
     scale: float
 
+    def projections(self) -> tuple[tuple[int, int], ...]:
+        """(out, in) of qkv, o, gate_up and down: the loop's order."""
+        h, q_width = self.hidden_size, self.heads * self.head_dim
+        return ((q_width + 2 * self.kv_heads * self.head_dim, h), (h, q_width), (2 * self.intermediate, h),
+                (h, self.intermediate))
+
+
+@dataclass(frozen=True)
+class PlainLayer:
+    """One layer's weights as the loop reads them: the two norms' and the four projections."""
+
+    input_norm: Tensor
+    post_norm: Tensor
+    projections: tuple[LinearWeight, LinearWeight, LinearWeight, LinearWeight]  # qkv, o, gate_up, down
+
+
+def _descriptor(weight: LinearWeight, out_in: tuple[int, int]) -> _Linear | None:
+    """The loop's view of one projection, or None when it is of a format or shape the loop cannot read."""
+    if (weight.out_features, weight.in_features) != out_in:
+        return None
+    if isinstance(weight, DenseWeight):
+        w = weight.weight
+        ok = w.device.type == "cpu" and w.dtype == torch.bfloat16 and w.is_contiguous()
+        return _Linear(w.data_ptr(), None, 0, 0) if ok else None
+    if isinstance(weight, Int4Weight):
+        packed, sz = weight.packed, weight.scales_zeros
+        ok = packed.device.type == "cpu" and sz.dtype == torch.bfloat16 and packed.is_contiguous() \
+            and sz.is_contiguous()
+        return _Linear(packed.data_ptr(), sz.data_ptr(), weight.group_size, weight.padded_in_features) if ok else None
+    return None
+
 
 class LayerStack:
-    """The weights of consecutive decoder layers as the C loop reads them (pointers into tensors the
-    model holds: the stack keeps them referenced, and weights never move after load)."""
+    """Consecutive decoder layers as the C loop reads them (pointers into tensors the model holds: the
+    stack keeps them referenced, and weights never move after load)."""
 
-    def __init__(self, shape: LayerShape, layers: Sequence[Sequence[Tensor]]) -> None:
+    def __init__(self, shape: LayerShape, layers: Sequence[PlainLayer], descriptors: Sequence[_Linear]) -> None:
         self.shape = shape
         self.count = len(layers)
-        self._tensors = [t for layer in layers for t in layer]
-        self._pointers = (ctypes.c_void_p * len(self._tensors))(*(t.data_ptr() for t in self._tensors))
+        self._layers = tuple(layers)  # keeps every pointer's tensor alive
+        norms = [t for layer in layers for t in (layer.input_norm, layer.post_norm)]
+        self.norm_pointers = (ctypes.c_void_p * len(norms))(*(t.data_ptr() for t in norms))
+        self.linears = (_Linear * len(descriptors))(*descriptors)
         self._caches: tuple[tuple[Tensor, ...], ctypes.Array[ctypes.c_void_p]] | None = None
 
-    @property
-    def weight_pointers(self) -> ctypes.Array[ctypes.c_void_p]:
-        return self._pointers
-
-    @staticmethod
-    def accepts(weights: Sequence[Tensor], shape: LayerShape) -> bool:
-        """Whether one layer's weights (LAYER_WEIGHTS order) are what the C loop reads."""
-        h, q_width = shape.hidden_size, shape.heads * shape.head_dim
-        expected = [(h,), (q_width + 2 * shape.kv_heads * shape.head_dim, h), (h, q_width), (h,),
-                    (2 * shape.intermediate, h), (h, shape.intermediate)]
-        return len(weights) == len(expected) and all(
-            t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.is_contiguous() and tuple(t.shape) == s
-            for t, s in zip(weights, expected))
+    @classmethod
+    def build(cls, shape: LayerShape, layers: Sequence[PlainLayer]) -> LayerStack | None:
+        """The stack, or None when some layer's weights are not what the loop reads."""
+        descriptors: list[_Linear] = []
+        for layer in layers:
+            norms_ok = all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.is_contiguous()
+                           and tuple(t.shape) == (shape.hidden_size,) for t in (layer.input_norm, layer.post_norm))
+            found = [_descriptor(w, out_in) for w, out_in in zip(layer.projections, shape.projections())]
+            if not norms_ok or any(d is None for d in found):
+                return None
+            descriptors.extend(d for d in found if d is not None)
+        return cls(shape, layers, descriptors) if layers else None
 
     def cache_pointers(self, caches: Sequence[tuple[Tensor, Tensor]]) -> ctypes.Array[ctypes.c_void_p]:
         """Key and value cache pointers per layer, rebuilt only when the cache tensors change (warmup)."""
@@ -74,7 +115,6 @@ class LayerStack:
                 or any(a is not b for a, b in zip(self._caches[0], flat)):
             self._caches = flat, (ctypes.c_void_p * len(flat))(*(t.data_ptr() for t in flat))
         return self._caches[1]
-
 
 def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, slots: Tensor,
                   caches: Sequence[tuple[Tensor, Tensor]], meta: AttentionMetadata) -> tuple[Tensor, Tensor] | None:
@@ -110,11 +150,11 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
     hidden_out = hidden.clone()
     delta_out = delta.clone() if delta is not None else torch.empty_like(hidden)
     scratch = torch.empty(native.decode_layers_scratch(m, shape.hidden_size, shape.heads, shape.kv_heads,
-                                                       shape.head_dim, shape.intermediate), dtype=torch.bfloat16)
+                                                       shape.head_dim, shape.intermediate), dtype=torch.uint8)
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     status = native.decode_layers_bf16(
-        stack.count, stack.weight_pointers, stack.cache_pointers(caches), hidden_out.data_ptr(), delta_out.data_ptr(),
-        int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), decode.slots.data_ptr(),
+        stack.count, stack.norm_pointers, stack.linears, stack.cache_pointers(caches), hidden_out.data_ptr(),
+        delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), decode.slots.data_ptr(),
         decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
         shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale, scratch.data_ptr(),
         torch.get_num_threads())

@@ -185,8 +185,8 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_rotary_store_bf16": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
         "tgictl_greedy_f32": ([p, i64, i64, p, p, c_int], i64),
         "tgictl_decode_layers_scratch": ([i64] * 6, i64),
-        "tgictl_decode_layers_bf16": ([i64, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64,
-                                       f32, f32, p, c_int], c_int),
+        "tgictl_decode_layers_bf16": ([i64, p, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64,
+                                       i64, f32, f32, p, c_int], c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

@@ -1,20 +1,22 @@
-/* A decode step's decoder layers in one call: 1-4 rows, bf16, one rank, dense weights, no biases.
+/* A decode step's decoder layers in one call: 1-4 rows, bf16 activations, one rank, no biases.
  *
  * At batch 1 the Python around each layer's eight compiled calls (tensor allocation, checks, ctypes
  * argument conversion) cost about as much as the attention and the norms together. This runs the
  * same calls, with the same arguments and in the same order, as models/llama.py's DecoderLayer does
  * on that path (input norm with the previous MLP output added, fused q|k|v projection, rotary and
  * the KV store, paged decode attention, o projection, post-attention norm with the residual, gate|up
- * projection, silu * up, down projection), so its results are those of the Python layers bit for bit;
- * kernels/decode_layers.py decides when it may run.
+ * projection, silu * up, down projection), so its results are those of the Python layers bit for bit
+ * (for int4 weights: those of the Python layers on the C int4 kernel, which the dispatch table may
+ * not pick for every shape); kernels/decode_layers.py decides when it may run.
  *
- * weights: per layer, in this order: input norm [H], qkv [(heads + 2 kv_heads) d, H], o [H, heads d],
- *          post-attention norm [H], gate_up [2 I, H], down [H, I];
+ * norms:   per layer the input norm and the post-attention norm weights [H], bf16;
+ * linears: per layer qkv [(heads + 2 kv_heads) d, H], o [H, heads d], gate_up [2 I, H], down [H, I],
+ *          each bf16 rows or int4 tiles (linear_methods/int4.py: packed tiles, bf16 scales and zeros);
  * caches:  per layer, the key then the value cache [num_slots, kv_heads, d];
  * hidden:  [m, H] the residual stream before the first of the layers, overwritten with it after the
  *          last; delta: [m, H] the MLP output still to be added (read when has_delta), overwritten
  *          with the last layer's MLP output;
- * scratch: decode_layers_scratch() bf16 values.
+ * scratch: tgictl_decode_layers_scratch() bytes, 64-byte aligned.
  * Returns 0; -1 when a slot lies outside the cache (nothing written); -2 when scratch memory was
  * refused inside a kernel (the step fails: the KV of the layers before is written).
  */
@@ -33,54 +35,84 @@ int tgictl_paged_decode_bf16(const uint16_t *query, const uint16_t *key_cache, c
                              int threads);
 int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, const float *bias, void *y,
                              int y_bf16, int64_t m, int64_t n, int64_t k, int threads);
+int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
+                        const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
 
-enum { IN_NORM, QKV, O_PROJ, POST_NORM, GATE_UP, DOWN, WEIGHTS_PER_LAYER };
+#include "bf16.h"
+
+/* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
+typedef struct {
+    const void *weight;       /* bf16 [n, k] rows, or the int4 packed tiles */
+    const void *scales_zeros; /* int4: [k_pad / group, n_pad, 2] bf16; NULL for bf16 rows */
+    int64_t group;            /* int4 group size; 0 for bf16 rows */
+    int64_t k_pad;            /* int4: the packed input width; 0 for bf16 rows */
+} linear_desc;
+
+enum { QKV, O_PROJ, GATE_UP, DOWN, LINEARS_PER_LAYER };
+
+static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t d,
                                      int64_t inter) {
-    return m * (3 * hidden + (heads + 2 * kv_heads) * d + 2 * heads * d + 3 * inter);
+    const int64_t widest = max_i64((heads + 2 * kv_heads) * d, 2 * inter);  /* a projection's outputs */
+    const int64_t deepest = max_i64(max_i64(hidden, heads * d), inter);    /* and its inputs */
+    const int64_t halves = m * (3 * hidden + (heads + 2 * kv_heads) * d + 2 * heads * d + 3 * inter);
+    return 2 * halves + 4 * m * (widest + deepest) + 4 * 64;  /* bf16 buffers, then float32 x and y */
 }
 
-static inline int linear(const uint16_t *x, const void *weight, uint16_t *y, int64_t m, int64_t n, int64_t k,
-                         int threads) {
-    return tgictl_small_linear_bf16(x, 1, (const uint16_t *)weight, NULL, y, 1, m, n, k, threads);
+/* y [m, n] bf16 = x [m, k] bf16 times the projection; x32 / y32: float32 scratch for int4 tiles, whose
+ * kernel reads and writes float32 (the Python path converts the same way: x.float(), y.to(bf16)). */
+static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
+                  float *x32, float *y32, int threads) {
+    if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, NULL, y, 1, m, n, k, threads);
+    for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
+    if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, NULL, y32, m, n, k,
+                            w->k_pad, threads) != 0)
+        return -1;
+    for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
+    return 0;
 }
 
-int tgictl_decode_layers_bf16(int64_t layers, const void *const *weights, void *const *caches, uint16_t *hidden,
-                              uint16_t *delta, int has_delta, const uint16_t *cos, const uint16_t *sin,
-                              const int64_t *slots, const int64_t *attention_slots, const int64_t *context_lens,
-                              int64_t max_len, int64_t m, int64_t hidden_size, int64_t heads, int64_t kv_heads,
-                              int64_t d, int64_t inter, int64_t num_slots, float eps, float scale, uint16_t *scratch,
-                              int threads) {
+static inline void *aligned(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const linear_desc *linears,
+                              void *const *caches, uint16_t *hidden, uint16_t *delta, int has_delta,
+                              const uint16_t *cos, const uint16_t *sin, const int64_t *slots,
+                              const int64_t *attention_slots, const int64_t *context_lens, int64_t max_len, int64_t m,
+                              int64_t hidden_size, int64_t heads, int64_t kv_heads, int64_t d, int64_t inter,
+                              int64_t num_slots, float eps, float scale, void *scratch, int threads) {
     const int64_t H = hidden_size, qkv_width = (heads + 2 * kv_heads) * d;
-    uint16_t *other = scratch, *normed = other + m * H, *attended = normed + m * H, *qkv = attended + m * H;
+    const int64_t widest = max_i64(qkv_width, 2 * inter);
+    uint16_t *other = aligned(scratch), *normed = other + m * H, *attended = normed + m * H, *qkv = attended + m * H;
     uint16_t *q = qkv + m * qkv_width, *attention = q + m * heads * d, *gate_up = attention + m * heads * d;
     uint16_t *activated = gate_up + m * 2 * inter;
-    uint16_t *residual = hidden;  /* where the residual stream is now: hidden or other */
+    float *y32 = aligned(activated + m * inter), *x32 = aligned(y32 + m * widest);
+    uint16_t *residual = hidden; /* where the residual stream is now: hidden or other */
     for (int64_t layer = 0; layer < layers; layer++) {
-        const void *const *w = weights + layer * WEIGHTS_PER_LAYER;
+        const void *input_norm = norms[2 * layer], *post_norm = norms[2 * layer + 1];
+        const linear_desc *w = linears + layer * LINEARS_PER_LAYER;
         uint16_t *key_cache = caches[2 * layer], *value_cache = caches[2 * layer + 1];
         uint16_t *next = residual == hidden ? other : hidden;
         if (layer == 0 && !has_delta) {
-            tgictl_rmsnorm_bf16(residual, NULL, NULL, w[IN_NORM], normed, m, H, eps, threads);
+            tgictl_rmsnorm_bf16(residual, NULL, NULL, input_norm, normed, m, H, eps, threads);
         } else {
-            tgictl_rmsnorm_bf16(residual, delta, next, w[IN_NORM], normed, m, H, eps, threads);
+            tgictl_rmsnorm_bf16(residual, delta, next, input_norm, normed, m, H, eps, threads);
             residual = next;
             next = residual == hidden ? other : hidden;
         }
-        if (linear(normed, w[QKV], qkv, m, qkv_width, H, threads) != 0) return -2;
+        if (linear(&w[QKV], normed, qkv, m, qkv_width, H, x32, y32, threads) != 0) return -2;
         if (tgictl_rotary_store_bf16(qkv, cos, sin, slots, q, key_cache, value_cache, m, heads, kv_heads, d,
                                      num_slots, threads) != 0)
-            return -1;  /* the slots are every layer's: only the first can refuse them */
+            return -1; /* the slots are every layer's: only the first can refuse them */
         if (tgictl_paged_decode_bf16(q, key_cache, value_cache, attention_slots, context_lens, m, max_len, heads,
                                      kv_heads, d, scale, 0.0f, attention, threads) != 0)
             return -2;
-        if (linear(attention, w[O_PROJ], attended, m, H, heads * d, threads) != 0) return -2;
-        tgictl_rmsnorm_bf16(residual, attended, next, w[POST_NORM], normed, m, H, eps, threads);
+        if (linear(&w[O_PROJ], attention, attended, m, H, heads * d, x32, y32, threads) != 0) return -2;
+        tgictl_rmsnorm_bf16(residual, attended, next, post_norm, normed, m, H, eps, threads);
         residual = next;
-        if (linear(normed, w[GATE_UP], gate_up, m, 2 * inter, H, threads) != 0) return -2;
+        if (linear(&w[GATE_UP], normed, gate_up, m, 2 * inter, H, x32, y32, threads) != 0) return -2;
         tgictl_silu_mul_bf16(gate_up, activated, m, inter, threads);
-        if (linear(activated, w[DOWN], delta, m, H, inter, threads) != 0) return -2;
+        if (linear(&w[DOWN], activated, delta, m, H, inter, x32, y32, threads) != 0) return -2;
     }
     if (residual != hidden) memcpy(hidden, residual, sizeof(uint16_t) * (size_t)(m * H));
     return 0;

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from tgictl.quantization import QuantizeSpec
 from tgictl.proto.messages import (
     Batch,
     Generation,
@@ -70,10 +71,11 @@ def make_request(
 
 
 def make_runner(
-    model_dir: Path, num_blocks: int = 256, dtype: torch.dtype = torch.float32, forced_tokens: bool = True
+    model_dir: Path, num_blocks: int = 256, dtype: torch.dtype = torch.float32, forced_tokens: bool = True,
+    quantize: QuantizeSpec | None = None,
 ) -> ModelRunner:
     dist = DistContext.single()
-    model = load_model(Path(model_dir), dtype=dtype, device=CPU, dist=dist)
+    model = load_model(Path(model_dir), dtype=dtype, device=CPU, dist=dist, quantize=quantize)
     cache = KVCache.for_model(
         model.config, world_size=1, num_blocks=num_blocks, block_size=BLOCK_SIZE, dtype=dtype, device=CPU
     )

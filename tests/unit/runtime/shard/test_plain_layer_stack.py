@@ -15,10 +15,14 @@ import torch
 from shard_helpers import BlockPool, Outputs, make_request, make_runner, run_to_end, shard_batch
 
 from tgictl.kernels.decode_layers import decode_layers
+from tgictl.kernels.linear_methods import Int4Weight, dispatch
 from tgictl.kernels.metadata import AttentionMetadata
 from tgictl.proto.messages import SamplingParams
+from tgictl.quantization import QuantizeSpec
+from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.shard.models import llama
 from tgictl.runtime.shard.step import ModelRunner
+from tgictl.testing.tiny_gguf import every_projection, write_tiny_gguf
 
 PROMPTS = [[3, 17, 45, 200, 9, 31, 77], [100, 101, 102, 7], [11, 400, 12, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
                                                                17, 18, 19, 20], [5]]
@@ -49,13 +53,10 @@ def _python_layers(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> Mode
     return runner
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
-def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
-    model_dir: Path, rows: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    compiled = make_runner(model_dir, dtype=torch.bfloat16)
+def _compare(compiled: ModelRunner, reference: ModelRunner, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generate the same requests on both runners; equal tokens, logprobs and KV, and the C loop ran."""
     assert compiled.model.plain_layer_stack() is not None  # this model's layers are plain
-    reference = _python_layers(make_runner(model_dir, dtype=torch.bfloat16), monkeypatch)
+    _python_layers(reference, monkeypatch)
     ran: list[bool] = []  # per forward of the compiled runner: did the C loop compute the layers
 
     def recording(*args: object, **kwargs: object) -> object:
@@ -65,6 +66,7 @@ def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
 
     monkeypatch.setattr(llama, "decode_layers", recording)
     ours = _generate(compiled, rows, 12)
+    monkeypatch.setattr(llama, "decode_layers", decode_layers)
     theirs = _generate(reference, rows, 12)
     # Never the prefill; every decode step of up to 4 rows (five rows decline until one finishes).
     assert not ran[0] and ran[1] == (rows <= 4) and (all(ran[1:]) if rows <= 4 else ran[-1])
@@ -74,6 +76,46 @@ def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
     for layer in range(compiled.kv_cache.num_layers):
         for a, b in zip(compiled.kv_cache.layer(layer), reference.kv_cache.layer(layer)):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
+    model_dir: Path, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _compare(make_runner(model_dir, dtype=torch.bfloat16), make_runner(model_dir, dtype=torch.bfloat16), rows,
+             monkeypatch)
+
+
+def _native_int4_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python layers' int4 products on the C kernel, as the loop computes them (the dispatch table
+    may choose torch's kernel for some shapes; the two differ by float rounding)."""
+    monkeypatch.setattr(dispatch, "backend_order", lambda weight, x: ("native",))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_layers_equal_the_python_layers_on_the_c_kernel(
+    model_dir: Path, rows: int, group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = QuantizeSpec("int4", group)
+    compiled = make_runner(model_dir, dtype=torch.bfloat16, quantize=spec)
+    assert isinstance(compiled.model.layers[0].mlp.down.weight, Int4Weight)
+    _native_int4_only(monkeypatch)
+    _compare(compiled, make_runner(model_dir, dtype=torch.bfloat16, quantize=spec), rows, monkeypatch)
+
+
+def test_a_gguf_s_q4_1_layers_equal_the_python_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", types=every_projection("Q4_1"))
+    directory = gguf_model_dir(path, tmp_path / "cache")
+    compiled = make_runner(directory, dtype=torch.bfloat16)
+    assert isinstance(compiled.model.layers[0].attention.qkv.weight, Int4Weight)  # Q4_1 re-laid as int4 tiles
+    _native_int4_only(monkeypatch)
+    _compare(compiled, make_runner(directory, dtype=torch.bfloat16), 2, monkeypatch)
+
+
+def test_int8_layers_keep_the_python_layers(model_dir: Path) -> None:
+    runner = make_runner(model_dir, dtype=torch.bfloat16, quantize=QuantizeSpec("int8"))
+    assert runner.model.plain_layer_stack() is None
 
 
 def _decode_inputs(runner: ModelRunner, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,

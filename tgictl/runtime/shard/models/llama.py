@@ -11,8 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from tgictl.kernels import AttentionMetadata
-from tgictl.kernels.decode_layers import LayerShape, LayerStack, decode_layers
-from tgictl.kernels.linear_methods import DenseWeight
+from tgictl.kernels.decode_layers import LayerShape, LayerStack, PlainLayer, decode_layers
 from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
@@ -66,20 +65,18 @@ class DecoderLayer(nn.Module):
         mlp_adapters = adapters.for_rows(rows is not None) if adapters else None
         return hidden, self.mlp(normed, mlp_adapters)
 
-    def plain_weights(self, shape: LayerShape) -> list[Tensor] | None:
-        """This layer's weights in kernels/decode_layers.py's order when it is the plain layer that C
-        loop computes (no biases, no q/k norms, dense bf16 weights, one rank), else None."""
+    def plain_weights(self, shape: LayerShape) -> PlainLayer | None:
+        """This layer's weights for kernels/decode_layers.py's loop when it is the plain layer the loop
+        computes (no biases, no q/k norms, one rank; the loop checks the weights' formats), else None."""
         attention, mlp = self.attention, self.mlp
         linears = (attention.qkv, attention.o_proj, mlp.gate_up, mlp.down)
         if attention.q_norm is not None or any(linear.bias is not None for linear in linears) \
                 or attention.o_proj.dist.is_sharded or mlp.down.dist.is_sharded \
-                or not all(isinstance(linear.weight, DenseWeight) for linear in linears) \
                 or self.input_norm.eps != shape.eps or self.post_attention_norm.eps != shape.eps \
                 or attention.scale != shape.scale:
             return None
-        weights = [self.input_norm.weight, attention.qkv.weight.weight, attention.o_proj.weight.weight,
-                   self.post_attention_norm.weight, mlp.gate_up.weight.weight, mlp.down.weight.weight]
-        return weights if LayerStack.accepts(weights, shape) else None
+        return PlainLayer(self.input_norm.weight, self.post_attention_norm.weight,
+                          (attention.qkv.weight, attention.o_proj.weight, mlp.gate_up.weight, mlp.down.weight))
 
 
 class LlamaForCausalLM(CausalLM):
@@ -153,10 +150,9 @@ class LlamaForCausalLM(CausalLM):
                     head_dim=attention.head_dim, intermediate=mlp.down.weight.in_features,
                     eps=layers[0].input_norm.eps, scale=attention.scale,
                 )
-                weights = [layer.plain_weights(shape) for layer in layers]
-                plain = [w for w in weights if w is not None]
+                plain = [p for p in (layer.plain_weights(shape) for layer in layers) if p is not None]
                 if len(plain) == len(layers):
-                    self._plain_stack = LayerStack(shape, plain)
+                    self._plain_stack = LayerStack.build(shape, plain) or False
         return self._plain_stack or None
 
 
