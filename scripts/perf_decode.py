@@ -129,6 +129,27 @@ def contiguous_step(model: CausalLM, ids: Tensor, position: int, keys: list[Tens
         return model.lm_head(model.norm(hidden))
 
 
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def alternating(steps: int, run: Callable[[], object], switch_off: Callable[[], object],
+                switch_on: Callable[[], object]) -> tuple[float, float]:
+    """Median seconds of `run` with a feature on and with it off, alternating step by step (on first;
+    the feature is on again at the end)."""
+    on: list[float] = []
+    off: list[float] = []
+    switch_on()
+    for _ in range(steps):
+        on.append(timed(run))
+        switch_off()
+        off.append(timed(run))
+        switch_on()
+    return statistics.median(on), statistics.median(off)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
@@ -172,11 +193,6 @@ def main() -> None:
     shape = (args.batch, ctx + 1, model.config.num_kv_heads, model.config.head_dim)
     keys = [torch.randn(shape).to(dtype) for _ in range(model.config.num_layers)]
     values = [torch.randn(shape).to(dtype) for _ in range(model.config.num_layers)]
-
-    def timed(fn: Callable[[], object]) -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
 
     # The three alternate step by step, so load from other processes falls on all of them alike.
     full: list[tuple[float, float]] = []
@@ -226,43 +242,26 @@ def main() -> None:
         native_s, torch_s = statistics.median(with_native), statistics.median(torch_only)
         print(f"bare forward, decode attention compiled ({'on' if loader() else 'unavailable'}): "
               f"{native_s * 1e3:.1f} ms; torch ops: {torch_s * 1e3:.1f} ms ({torch_s / native_s:.2f}x)", flush=True)
+    step = lambda: runner.generate_token(batch)  # noqa: E731
     if args.compare_fused:
         import tgictl.kernels.fused as fused
 
         loader = fused.load_native_kernels
-        with_fused: list[float] = []
-        torch_ops: list[float] = []
-        for _ in range(args.steps):
-            with_fused.append(timed(lambda: runner.generate_token(batch)))
-            fused.load_native_kernels = lambda: None  # type: ignore[assignment]
-            torch_ops.append(timed(lambda: runner.generate_token(batch)))
-            fused.load_native_kernels = loader
-        fused_s, torch_s = statistics.median(with_fused), statistics.median(torch_ops)
+        fused_s, torch_s = alternating(args.steps, step, lambda: setattr(fused, "load_native_kernels", lambda: None),
+                                       lambda: setattr(fused, "load_native_kernels", loader))
         print(f"served step, fused kernels on: {fused_s * 1e3:.1f} ms ({args.batch / fused_s:.0f} tok/s); "
               f"off (torch ops): {torch_s * 1e3:.1f} ms ({args.batch / torch_s:.0f} tok/s): "
               f"{torch_s / fused_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
     if args.compare_layer_loop:
         stack = model.plain_layer_stack
-        looped: list[float] = []
-        python_layers: list[float] = []
-        for _ in range(args.steps):
-            looped.append(timed(lambda: runner.generate_token(batch)))
-            model.plain_layer_stack = lambda: None  # type: ignore[method-assign]
-            python_layers.append(timed(lambda: runner.generate_token(batch)))
-            model.plain_layer_stack = stack  # type: ignore[method-assign]
-        loop_s, python_s = statistics.median(looped), statistics.median(python_layers)
+        loop_s, python_s = alternating(args.steps, step, lambda: setattr(model, "plain_layer_stack", lambda: None),
+                                       lambda: setattr(model, "plain_layer_stack", stack))
         print(f"served step, layer loop on: {loop_s * 1e3:.1f} ms ({args.batch / loop_s:.0f} tok/s); "
               f"off (Python layers): {python_s * 1e3:.1f} ms ({args.batch / python_s:.0f} tok/s): "
               f"{python_s / loop_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
     if args.compare_batch_invariant:
-        invariant: list[float] = []
-        default: list[float] = []
-        for _ in range(args.steps):
-            enable_batch_invariance(True)
-            invariant.append(timed(lambda: runner.generate_token(batch)))
-            enable_batch_invariance(False)
-            default.append(timed(lambda: runner.generate_token(batch)))
-        on_s, off_s = statistics.median(invariant), statistics.median(default)
+        on_s, off_s = alternating(args.steps, step, lambda: enable_batch_invariance(False),
+                                  lambda: enable_batch_invariance(True))
         print(f"served step, --batch-invariant: {on_s * 1e3:.1f} ms ({args.batch / on_s:.0f} tok/s); default: "
               f"{off_s * 1e3:.1f} ms ({args.batch / off_s:.0f} tok/s): {on_s / off_s:.2f}x the time; "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
