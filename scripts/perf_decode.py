@@ -242,7 +242,10 @@ def main() -> None:
         native_s, torch_s = statistics.median(with_native), statistics.median(torch_only)
         print(f"bare forward, decode attention compiled ({'on' if loader() else 'unavailable'}): "
               f"{native_s * 1e3:.1f} ms; torch ops: {torch_s * 1e3:.1f} ms ({torch_s / native_s:.2f}x)", flush=True)
-    step = lambda: runner.generate_token(batch)  # noqa: E731
+
+    def step() -> object:
+        return runner.generate_token(batch)
+
     if args.compare_fused:
         import tgictl.kernels.fused as fused
 

@@ -4,7 +4,7 @@ Why: at batch 1 a layer is eight compiled calls (norms, projections, rotary and 
 silu * up), and the Python between them (module calls, checks, tensor allocation, ctypes arguments)
 costs about as much as the attention and the norms together, 30 times per token on SmolLM2. The C loop
 makes the same calls with the same arguments in the same order, so it returns the Python layers'
-results bit for bit (tests/unit/kernels/test_decode_layers.py holds it to them).
+results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it to them).
 
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernel's range), in bf16 on the
 CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says whether its layers
@@ -30,7 +30,6 @@ from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, LinearWeight
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
-
 
 
 class _Linear(ctypes.Structure):
@@ -116,6 +115,7 @@ class LayerStack:
             self._caches = flat, (ctypes.c_void_p * len(flat))(*(t.data_ptr() for t in flat))
         return self._caches[1]
 
+
 def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, slots: Tensor,
                   caches: Sequence[tuple[Tensor, Tensor]], meta: AttentionMetadata) -> tuple[Tensor, Tensor] | None:
     """The stack's layers on a decode step: (hidden, delta) after them, as the Python layers return
@@ -154,8 +154,8 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     status = native.decode_layers_bf16(
         stack.count, stack.norm_pointers, stack.linears, stack.cache_pointers(caches), hidden_out.data_ptr(),
-        delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), decode.slots.data_ptr(),
-        decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
+        delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+        decode.slots.data_ptr(), decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
         shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale, scratch.data_ptr(),
         torch.get_num_threads())
     if status == -1:  # the refusal the Python path's KV store gives, before anything is written

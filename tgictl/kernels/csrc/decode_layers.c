@@ -23,6 +23,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
+/* The kernels of the other csrc/ files this loop calls (one library, native.py builds them together). */
 void tgictl_rmsnorm_bf16(const uint16_t *x, const uint16_t *delta, uint16_t *sum_out, const uint16_t *weight,
                          uint16_t *out, int64_t rows, int64_t dim, float eps, int threads);
 void tgictl_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t inter, int threads);
@@ -37,8 +40,6 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
                              int y_bf16, int64_t m, int64_t n, int64_t k, int threads);
 int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
-
-#include "bf16.h"
 
 /* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
 typedef struct {

@@ -7,12 +7,19 @@ biases or q/k norms) without changing anything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
-from shard_helpers import BlockPool, Outputs, make_request, make_runner, run_to_end, shard_batch
+from shard_helpers import (
+    BlockPool,
+    Outputs,
+    make_request,
+    make_runner,
+    run_to_end,
+    shard_batch,
+)
 
 from tgictl.kernels.decode_layers import decode_layers
 from tgictl.kernels.linear_methods import Int4Weight, dispatch

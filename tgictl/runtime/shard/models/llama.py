@@ -11,7 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from tgictl.kernels import AttentionMetadata
-from tgictl.kernels.decode_layers import LayerShape, LayerStack, PlainLayer, decode_layers
+from tgictl.kernels.decode_layers import (
+    LayerShape,
+    LayerStack,
+    PlainLayer,
+    decode_layers,
+)
 from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
