@@ -150,6 +150,13 @@ def alternating(steps: int, run: Callable[[], object], switch_off: Callable[[], 
     return statistics.median(on), statistics.median(off)
 
 
+def print_pair(on_label: str, on_s: float, off_label: str, off_s: float, batch: int) -> None:
+    """One line for an on/off comparison of the served step: both times, tok/s, off / on."""
+    print(f"served step, {on_label}: {on_s * 1e3:.1f} ms ({batch / on_s:.0f} tok/s); {off_label}: "
+          f"{off_s * 1e3:.1f} ms ({batch / off_s:.0f} tok/s): off / on {off_s / on_s:.2f}x; "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
@@ -252,22 +259,16 @@ def main() -> None:
         loader = fused.load_native_kernels
         fused_s, torch_s = alternating(args.steps, step, lambda: setattr(fused, "load_native_kernels", lambda: None),
                                        lambda: setattr(fused, "load_native_kernels", loader))
-        print(f"served step, fused kernels on: {fused_s * 1e3:.1f} ms ({args.batch / fused_s:.0f} tok/s); "
-              f"off (torch ops): {torch_s * 1e3:.1f} ms ({args.batch / torch_s:.0f} tok/s): "
-              f"{torch_s / fused_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
+        print_pair("fused kernels on", fused_s, "off (torch ops)", torch_s, args.batch)
     if args.compare_layer_loop:
         stack = model.plain_layer_stack
         loop_s, python_s = alternating(args.steps, step, lambda: setattr(model, "plain_layer_stack", lambda: None),
                                        lambda: setattr(model, "plain_layer_stack", stack))
-        print(f"served step, layer loop on: {loop_s * 1e3:.1f} ms ({args.batch / loop_s:.0f} tok/s); "
-              f"off (Python layers): {python_s * 1e3:.1f} ms ({args.batch / python_s:.0f} tok/s): "
-              f"{python_s / loop_s:.2f}x; load {os.getloadavg()[0]:.2f}", flush=True)
+        print_pair("layer loop on", loop_s, "off (Python layers)", python_s, args.batch)
     if args.compare_batch_invariant:
         on_s, off_s = alternating(args.steps, step, lambda: enable_batch_invariance(False),
                                   lambda: enable_batch_invariance(True))
-        print(f"served step, --batch-invariant: {on_s * 1e3:.1f} ms ({args.batch / on_s:.0f} tok/s); default: "
-              f"{off_s * 1e3:.1f} ms ({args.batch / off_s:.0f} tok/s): {on_s / off_s:.2f}x the time; "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print_pair("--batch-invariant", on_s, "default", off_s, args.batch)
         prompt = torch.randint(0, vocab, (args.context,)).tolist()
         for label, enabled in (("--batch-invariant", True), ("default", False), ("--batch-invariant", True),
                                ("default", False)):
