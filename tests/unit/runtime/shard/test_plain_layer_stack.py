@@ -125,16 +125,17 @@ def test_int8_layers_keep_the_python_layers(model_dir: Path) -> None:
     assert runner.model.plain_layer_stack() is None
 
 
-def _decode_inputs(runner: ModelRunner, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                            AttentionMetadata]:
-    """hidden, cos, sin and the metadata of one decode step of `rows` one-token sequences."""
+def _decode_inputs(
+    runner: ModelRunner, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """hidden, cos, sin, slots and the metadata of one decode step of `rows` one-token sequences."""
     model = runner.model
     slots = torch.arange(rows, dtype=torch.int64) * runner.block_size + 3  # position 3 of blocks 0..rows-1
     meta = AttentionMetadata.build([3] * rows, [1] * rows, [[b] for b in range(rows)], runner.block_size,
                                    runner.device)
     hidden = model.embed(torch.arange(rows, dtype=torch.int64) + 5)
     cos, sin = model.rotary(torch.full((rows,), 3, dtype=torch.int64), None, hidden.dtype)
-    return hidden, cos, sin, slots, meta  # type: ignore[return-value]
+    return hidden, cos, sin, slots, meta
 
 
 def test_the_loop_declines_what_it_does_not_compute(model_dir: Path) -> None:
