@@ -140,9 +140,10 @@ def cpu_flags() -> str:
     return os.uname().machine
 
 
-def _build(compiler: str, cache_dir: Path, march: str = "native") -> Path:
-    """The library for `-march=MARCH` (native: this CPU; tests also build e.g. haswell, x86-64)."""
-    flags = (f"-march={march}", *_FLAGS)
+def _build(compiler: str, cache_dir: Path, march: str = "native", extra_flags: tuple[str, ...] = ()) -> Path:
+    """The library for `-march=MARCH` (native: this CPU; tests also build e.g. haswell, x86-64, and
+    sapphirerapids without AMX, as AMD Zen 4 has it) and any `extra_flags`."""
+    flags = (f"-march={march}", *extra_flags, *_FLAGS)
     sources = [path.read_bytes() for path in (*_SOURCES, *_HEADERS)]
     key = hashlib.sha256(b"\0".join([*sources, _compiler_identity(compiler).encode(), cpu_flags().encode(),
                                      " ".join(flags).encode()])).hexdigest()[:16]

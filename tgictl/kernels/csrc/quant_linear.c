@@ -24,6 +24,7 @@
 #endif
 
 #include "bf16.h"
+#include "int4_scales.h"
 #include "vec16.h"
 
 #define ROWS_PER_CHUNK 16
@@ -97,27 +98,6 @@ static inline v16f as_v16f(__m512 x) {
     v16f v;
     memcpy(&v, &x, sizeof v);
     return v;
-}
-
-/* Scales and offsets (zero - 8 scale) of 16 rows row0 + 16v.. at group g, from [groups, n_pad, 2] (scale, zero)
- * pairs, as vectors: a scalar loop over the 64 rows of a tile cost more than the group's 32 columns of
- * products at group size 32. bf16 pairs: the scale is a 32-bit lane shifted left by 16, the zero the lane
- * with its low half cleared; float32 pairs are split by two permutes. */
-static inline void scales_offsets(const void *sz, int sz_bf16, int64_t base, int v, __m512 *scale, __m512 *offset) {
-    __m512 zero;
-    if (sz_bf16) {
-        const __m512i u = _mm512_loadu_si512((const uint16_t *)sz + base + 32 * v);
-        *scale = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-        zero = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
-    } else {
-        const float *f = (const float *)sz + base + 32 * v;
-        const __m512 a = _mm512_loadu_ps(f), b = _mm512_loadu_ps(f + 16);
-        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-        *scale = _mm512_permutex2var_ps(a, even, b);
-        zero = _mm512_permutex2var_ps(a, odd, b);
-    }
-    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *scale, zero);
 }
 
 static inline __attribute__((always_inline)) void int4_tile_vec(

@@ -5,9 +5,12 @@ table of measurements (docs/architecture.md, "Weight formats").
 row counts and writes, for this CPU kind, the fastest per (format, dtype, shape, rows) into
 kernel_choices.json next to this file. A call with R rows takes the entry of the largest measured row
 count <= R (the smallest when R is below all). Shapes, CPU kinds or devices the table does not know get
-the default order: the C kernel for up to NATIVE_DEFAULT_MAX_ROWS rows, then torch's kernel, then
-dequantize-and-matmul; on other devices dequantize-and-matmul. A backend that declines an input (another
-dtype, no compiler) passes to the next; the reference closes every order.
+the default order: up to MATRIX_VECTOR_MAX_ROWS rows the C matrix-vector kernel, then torch's kernel;
+above, the formats' bf16 many-row C kernel first (int4: AMX or AVX512-BF16 on a bf16 copy of each tile,
+faster from 5 rows on SmolLM2's shapes), then the C kernel up to NATIVE_DEFAULT_MAX_ROWS rows, torch's
+kernel, dequantize-and-matmul; on other devices dequantize-and-matmul. A backend that declines an input
+(another dtype, no compiler, a CPU without bf16 dot products) or that a format lacks passes to the next;
+the reference closes every order.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ if TYPE_CHECKING:
     from tgictl.kernels.linear_methods.base import LinearWeight
 
 TABLE_PATH = Path(__file__).with_name("kernel_choices.json")
+MATRIX_VECTOR_MAX_ROWS = 4
 NATIVE_DEFAULT_MAX_ROWS = 16
-CPU_DEFAULT_FEW_ROWS: tuple[str, ...] = ("native", "torch", "dequant")
-CPU_DEFAULT_MANY_ROWS: tuple[str, ...] = ("torch", "dequant", "native")
+CPU_DEFAULT_MATRIX_VECTOR: tuple[str, ...] = ("native", "torch", "native_bf16", "dequant")
+CPU_DEFAULT_FEW_ROWS: tuple[str, ...] = ("native_bf16", "native", "torch", "dequant")
+CPU_DEFAULT_MANY_ROWS: tuple[str, ...] = ("native_bf16", "torch", "dequant", "native")
 DEVICE_DEFAULT: tuple[str, ...] = ("dequant",)
 Table = Mapping[str, Mapping[str, Mapping[int, str]]]  # {cpu kind: {shape key: {rows: backend}}}
 
@@ -67,7 +72,8 @@ def choose(table: Table, kind: str, key: str, device_type: str, rows: int) -> tu
     """The order for one call: the table's measured choice first, then the default order."""
     if device_type != "cpu":
         return DEVICE_DEFAULT
-    default = CPU_DEFAULT_FEW_ROWS if rows <= NATIVE_DEFAULT_MAX_ROWS else CPU_DEFAULT_MANY_ROWS
+    default = CPU_DEFAULT_MATRIX_VECTOR if rows <= MATRIX_VECTOR_MAX_ROWS \
+        else CPU_DEFAULT_FEW_ROWS if rows <= NATIVE_DEFAULT_MAX_ROWS else CPU_DEFAULT_MANY_ROWS
     by_rows = table.get(kind, {}).get(key)
     if not by_rows:
         return default

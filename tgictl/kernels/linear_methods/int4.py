@@ -178,4 +178,14 @@ def _native_int4(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor
     return kernels.int4_linear(x, weight.packed, weight.scales_zeros, weight.group_size, weight.out_features, bias)
 
 
-INT4_BACKENDS: Mapping[str, LinearFn] = with_common({"torch": _torch_int4, "native": _native_int4})
+def _native_int4_bf16(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor | None:
+    assert isinstance(weight, Int4Weight)
+    kernels = quant_kernels()
+    if kernels is None:
+        return None
+    return kernels.int4_bf16_linear(x, weight.packed, weight.scales_zeros, weight.group_size, weight.out_features,
+                                    bias)
+
+
+INT4_BACKENDS: Mapping[str, LinearFn] = with_common(
+    {"torch": _torch_int4, "native": _native_int4, "native_bf16": _native_int4_bf16})

@@ -1,4 +1,4 @@
-"""The quantized linears' C kernels (csrc/quant_linear.c, csrc/gguf_linear.c), bound from the library that
+"""The quantized linears' C kernels (csrc/quant_linear.c, csrc/int4_bf16.c, csrc/gguf_linear.c), bound from the library that
 kernels/native.py builds once per machine. None where that library is unavailable: the formats then
 keep torch's kernels and their pure-torch reference."""
 
@@ -9,6 +9,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from tgictl.kernels.native import load_native_kernels
@@ -34,6 +35,8 @@ def _inputs(x: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
 class QuantKernels:
     int8: CFunction
     int4: CFunction
+    int4_bf16: CFunction
+    int4_bf16_path: CFunction
     gguf: CFunction
     gguf_decode: CFunction
 
@@ -61,6 +64,26 @@ class QuantKernels:
                            int(scales_zeros.dtype == torch.bfloat16), group_size, _ptr(b32), y.data_ptr(), m,
                            out_features, k, packed.shape[1], torch.get_num_threads())
         return y.to(x.dtype) if status == 0 else None
+
+    def int4_bf16_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
+                         bias: Tensor | None) -> Tensor | None:
+        """Many bf16 rows x [m, k] against int4 tiles with bf16 scales, on a bf16 copy of each tile (AMX or
+        AVX512-BF16) -> [m, out_features] bf16; None where this CPU, build or input does not allow it."""
+        if not _usable(x, packed, scales_zeros) or x.dtype != torch.bfloat16 or scales_zeros.dtype != torch.bfloat16:
+            return None
+        k_pad = packed.shape[1]
+        x = F.pad(x, (0, k_pad - x.shape[1])) if k_pad != x.shape[1] else x.contiguous()
+        m = x.shape[0]
+        b32 = None if bias is None else bias.float().contiguous()
+        y = torch.empty(m, out_features, dtype=torch.bfloat16)
+        status = self.int4_bf16(x.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(), group_size, _ptr(b32),
+                                y.data_ptr(), m, out_features, k_pad, torch.get_num_threads())
+        return y if status == 0 else None
+
+    @property
+    def int4_bf16_instructions(self) -> str:
+        """What int4_bf16_linear multiplies with on this CPU and build: "amx", "avx512-bf16" or "none"."""
+        return {2: "amx", 1: "avx512-bf16"}.get(self.int4_bf16_path(), "none")
 
     def gguf_linear(self, x: Tensor, data: Tensor, native_id: int, in_features: int,
                     bias: Tensor | None) -> Tensor | None:
@@ -91,6 +114,8 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
     signatures: dict[str, tuple[list[type], type | None]] = {
         "tgictl_qlinear_int8": ([p, p, p, c_int, p, p, i64, i64, i64, c_int], None),
         "tgictl_qlinear_int4": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_qlinear_int4_bf16": ([p, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_int4_bf16_path": ([], c_int),
         "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_gguf_dequantize": ([c_int, p, i64, p, i64, i64, c_int], c_int),
     }

@@ -12,7 +12,9 @@ from tgictl.kernels.linear_methods import GGUFWeight, Int8Weight
 from tgictl.kernels.linear_methods.dispatch import (
     CPU_DEFAULT_FEW_ROWS,
     CPU_DEFAULT_MANY_ROWS,
+    CPU_DEFAULT_MATRIX_VECTOR,
     DEVICE_DEFAULT,
+    MATRIX_VECTOR_MAX_ROWS,
     NATIVE_DEFAULT_MAX_ROWS,
     choose,
     cpu_kind,
@@ -42,8 +44,10 @@ def test_measured_choice_by_the_largest_measured_row_count_below() -> None:
 
 
 def test_unmeasured_shapes_kinds_and_devices_get_the_defaults() -> None:
-    assert choose(TABLE, "avx2", KEY, "cpu", 1) == CPU_DEFAULT_FEW_ROWS  # another CPU kind
+    assert choose(TABLE, "avx2", KEY, "cpu", 1) == CPU_DEFAULT_MATRIX_VECTOR  # another CPU kind
     other = shape_key("int4/g64", "float32", 960, 576)
+    assert choose(TABLE, "avx512+bf16", other, "cpu", MATRIX_VECTOR_MAX_ROWS) == CPU_DEFAULT_MATRIX_VECTOR
+    assert choose(TABLE, "avx512+bf16", other, "cpu", MATRIX_VECTOR_MAX_ROWS + 1) == CPU_DEFAULT_FEW_ROWS
     assert choose(TABLE, "avx512+bf16", other, "cpu", NATIVE_DEFAULT_MAX_ROWS) == CPU_DEFAULT_FEW_ROWS
     assert choose(TABLE, "avx512+bf16", other, "cpu", NATIVE_DEFAULT_MAX_ROWS + 1) == CPU_DEFAULT_MANY_ROWS
     assert choose(TABLE, "avx512+bf16", KEY, "cuda", 1) == DEVICE_DEFAULT
@@ -63,7 +67,7 @@ def test_the_shipped_table_parses() -> None:
     for kind, choices in table.items():
         for key, by_rows in choices.items():
             assert key.count("|") == 2 and all(rows >= 1 for rows in by_rows), (kind, key)
-            assert set(by_rows.values()) <= {"native", "torch", "dequant", "reference"}
+            assert set(by_rows.values()) <= {"native", "native_bf16", "torch", "dequant", "reference"}
 
 
 def test_forward_skips_a_backend_the_format_lacks(monkeypatch) -> None:

@@ -1,6 +1,7 @@
 """The quantized C kernels built for other CPUs than this one: AVX2 (-march=haswell) and baseline x86-64
 (SSE2, effectively the scalar code) give the reference results too, so machines without AVX-512 run
-correct code."""
+correct code; their int4 many-row kernel declines (no bf16 dot product). Built for AVX512-BF16 without
+AMX (as AMD Zen 4 has it), that kernel takes its VDPBF16PS path and gives the same results."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight, Int4Weight, Int8Weight
 from tgictl.kernels.linear_methods.native import bind_quant_kernels
-from tgictl.kernels.native import _build
+from tgictl.kernels.native import _build, cpu_flags
 from tgictl.testing.gguf_blocks import quantized_blocks
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="the variants are x86-64 targets")
@@ -43,6 +44,8 @@ def test_variant_kernels_match_the_reference(variant) -> None:
         outputs[weight] = variant.gguf_linear(x, data, block_type.native_id, 256, bias)
         decoded = variant.gguf_dequantize(data, block_type.native_id, 256)
         torch.testing.assert_close(decoded, weight.dequantize(), rtol=1e-6, atol=1e-7)
+    assert variant.int4_bf16_instructions == "none"
+    assert variant.int4_bf16_linear(x.bfloat16(), int4.packed, int4.scales_zeros.bfloat16(), 64, 130, bias) is None
     for weight, out in outputs.items():
         expected = torch.nn.functional.linear(x, weight.dequantize(), bias)
         bound = float((x.abs() @ weight.dequantize().abs().t() + bias.abs()).max())
@@ -52,3 +55,19 @@ def test_variant_kernels_match_the_reference(variant) -> None:
 
 def test_variant_builds_are_distinct_files(tmp_path: Path) -> None:
     assert _build("cc", tmp_path, march="haswell") != _build("cc", tmp_path, march="x86-64")
+
+
+NO_AMX = ("-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8")
+
+
+def test_the_avx512_bf16_path_without_amx(tmp_path: Path) -> None:
+    from tests.unit.kernels.linear_methods.test_int4_bf16 import check_against_bf16_weights
+
+    if "avx512_bf16" not in cpu_flags().split():
+        pytest.skip("this CPU cannot run AVX512-BF16 code")
+    path = _build("cc", tmp_path, march="sapphirerapids", extra_flags=NO_AMX)
+    kernels = bind_quant_kernels(ctypes.CDLL(str(path)))
+    assert kernels.int4_bf16_instructions == "avx512-bf16"
+    for rows, shape in ((1, (200, 512)), (7, (130, 99)), (33, (576, 1536))):
+        w = torch.randn(*shape, generator=torch.Generator().manual_seed(rows)) * 0.05
+        check_against_bf16_weights(kernels, Int4Weight.quantize(w, 32, torch.bfloat16), rows, seed=rows)

@@ -81,6 +81,10 @@ def test_every_backend_matches_the_reference(name: str, dtype: torch.dtype) -> N
     assert "native" in ran
     if isinstance(weight, (Int8Weight, Int4Weight)) and dtype == weight.dtype:
         assert "torch" in ran
+    kernels = quant_kernels()
+    if isinstance(weight, Int4Weight) and dtype == torch.bfloat16 and kernels is not None \
+            and kernels.int4_bf16_instructions != "none":
+        assert "native_bf16" in ran
 
 
 def test_int8_stores_the_nearest_multiple_of_its_row_scale() -> None:
