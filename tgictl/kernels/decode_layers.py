@@ -6,8 +6,8 @@ costs about as much as the attention and the norms together, 30 times per token 
 makes the same calls with the same arguments in the same order, so it returns the Python layers'
 results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it to them).
 
-It runs when every row decodes one token (1-4 rows: the matrix-vector kernel's range), in bf16 on the
-CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says whether its layers
+It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
+the many-row kernels run: AMX on bf16 weights, csrc/int4_bf16.c on int4 tiles), in bf16 on the CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says whether its layers
 have the plain shape (no biases, no q/k norms, no softcap; projections dense bf16 or int4 tiles, i.e.
 --quantize int4 and a GGUF's Q4_0 / Q4_1): `LayerStack`. Otherwise the caller runs its layers in
 Python. int4 projections are multiplied by the C int4 kernel even where the dispatch table would pick
@@ -26,7 +26,8 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.batch_invariance import batch_invariant
-from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
+from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
+from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, LinearWeight
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
@@ -81,6 +82,15 @@ def _descriptor(weight: LinearWeight, out_in: tuple[int, int]) -> _Linear | None
     return None
 
 
+def _many_rows(weight: LinearWeight) -> bool:
+    """Whether the loop's many-row kernel for this projection runs here (it then equals the Python layers')."""
+    if isinstance(weight, Int4Weight):
+        kernels = quant_kernels()
+        return kernels is not None and kernels.int4_bf16_instructions != "none" \
+            and weight.padded_in_features == weight.in_features
+    return amx_available() and weight.in_features % 32 == 0
+
+
 class LayerStack:
     """Consecutive decoder layers as the C loop reads them (pointers into tensors the model holds: the
     stack keeps them referenced, and weights never move after load)."""
@@ -92,6 +102,8 @@ class LayerStack:
         norms = [t for layer in layers for t in (layer.input_norm, layer.post_norm)]
         self.norm_pointers = (ctypes.c_void_p * len(norms))(*(t.data_ptr() for t in norms))
         self.linears = (_Linear * len(descriptors))(*descriptors)
+        self.max_rows = AMX_LINEAR_MAX_ROWS if all(_many_rows(w) for layer in layers for w in layer.projections) \
+            else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
         self._caches: tuple[tuple[Tensor, ...], ctypes.Array[ctypes.c_void_p]] | None = None
 
     @classmethod
@@ -127,7 +139,7 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
     shape = stack.shape
     m = hidden.shape[0]
     decode = meta.decode
-    if not 1 <= m <= SMALL_LINEAR_MAX_ROWS[torch.bfloat16] or hidden.dtype != torch.bfloat16 \
+    if not 1 <= m <= stack.max_rows or hidden.dtype != torch.bfloat16 \
             or hidden.device.type != "cpu" or batch_invariant() or not meta.is_decode_only or decode is None \
             or decode.query_rows is not None or len(caches) != stack.count or stack.count == 0:
         return None

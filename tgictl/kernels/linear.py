@@ -1,11 +1,17 @@
-"""The one linear-layer entry point the shard's layers call: torch's matmul, or for a few rows on CPU
-the compiled matrix-vector kernel (kernels/native.py, csrc/small_linear.c).
+"""The one linear-layer entry point the shard's layers call: torch's matmul, or on CPU for a few rows the
+compiled matrix-vector kernel (kernels/native.py, csrc/small_linear.c) and, where the CPU has AMX, for
+decode-sized row counts the AMX kernel on the weight as stored (csrc/amx_linear.c).
 
 Why: at one to a few rows a linear layer only streams its weights; torch's bf16 matmul reaches a
-fraction of the memory bandwidth there, and batch-1 decode spent most of its step in it.
+fraction of the memory bandwidth there, and batch-1 decode spent most of its step in it. At 5-32 rows
+torch's matmul re-lays the weight on every call; the AMX kernel reads it as it is, as fast as oneDNN on
+its prepacked copy (kernels/prepacked.py) and without a kernel compiled per row count, and the decode
+layers' C loop (kernels/decode_layers.py) can call it.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -18,13 +24,34 @@ from tgictl.kernels.native import load_native_kernels
 # 44, 5 rows 37 against 40 (the kernel passes over the weights once per 4 rows); float32 still 1.5x at 8
 # rows. Above it oneDNN's matmul, which reuses each weight across rows in registers, is faster.
 SMALL_LINEAR_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float32: 8}
+# Up to this many bf16 rows the AMX kernel (above the matrix-vector range): SmolLM2's 120 projections, weights
+# streamed from memory, Sapphire Rapids, 2 threads: 5-16 rows 15-17 ms against oneDNN's prepacked 18-22, 32
+# rows 23 against 24; at 64 rows 43 against 29 (oneDNN's blocked layout wins once compute counts).
+AMX_LINEAR_MAX_ROWS = 32
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether this CPU, build and process can run csrc/amx_linear.c."""
+    native = load_native_kernels()
+    return native is not None and bool(native.amx_linear_available())
+
+
+def uses_amx(x: Tensor) -> bool:
+    """Whether linear() multiplies x [rows, in] with the AMX kernel (bf16, 5-32 rows, AMX here); a product
+    the kernel declines (an input width not a multiple of 32) still falls back to torch's."""
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16 \
+        and SMALL_LINEAR_MAX_ROWS[torch.bfloat16] < x.shape[0] <= AMX_LINEAR_MAX_ROWS and amx_available()
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x: [rows, in] -> [rows, out] = x @ weight.T + bias, in x's dtype."""
-    if x.device.type == "cpu" and x.shape[0] <= SMALL_LINEAR_MAX_ROWS.get(x.dtype, 0) \
-            and (native := load_native_kernels()) is not None:
-        out = native.small_linear(x, weight, bias)
+    if x.device.type == "cpu" and (native := load_native_kernels()) is not None:
+        out = None
+        if x.shape[0] <= SMALL_LINEAR_MAX_ROWS.get(x.dtype, 0):
+            out = native.small_linear(x, weight, bias)
+        elif uses_amx(x):
+            out = native.amx_linear(x, weight, bias)
         if out is not None:
             return out
     return F.linear(x, weight, bias)

@@ -73,6 +73,9 @@ class NativeKernels:
     # A decode step's plain decoder layers in one call (kernels/decode_layers.py calls them).
     decode_layers_scratch: ctypes._CFuncPtr  # type: ignore[name-defined]
     decode_layers_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # bf16 linears of 5-64 rows with AMX on the weight as stored (csrc/amx_linear.c).
+    amx_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
+    amx_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -97,6 +100,23 @@ class NativeKernels:
         y = torch.empty(m, n, dtype=torch.float32)
         self.linear_f32(x32.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads())
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def amx_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        """x [m, k] @ weight.T + bias with AMX for bf16 x and weight [n, k] (k a multiple of 32); [m, n] bf16.
+
+        None where this CPU, build or process has no AMX, or the input does not fit (the caller takes oneDNN).
+        """
+        if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" \
+                or weight.device.type != "cpu" or not weight.is_contiguous() or x.dim() != 2:
+            return None
+        x = x.contiguous()
+        m, k = x.shape
+        n = weight.shape[0]
+        b32 = None if bias is None else bias.float().contiguous()
+        y = torch.empty(m, n, dtype=torch.bfloat16)
+        status = self.amx_linear_bf16(x.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(),
+                                      y.data_ptr(), m, n, k, torch.get_num_threads())
+        return y if status == 0 else None
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                      context_lens: Tensor, max_len: int, scale: float, softcap: float | None) -> Tensor | None:
@@ -188,6 +208,8 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_decode_layers_scratch": ([i64] * 6, i64),
         "tgictl_decode_layers_bf16": ([i64, p, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64,
                                        i64, f32, f32, p, c_int], c_int),
+        "tgictl_amx_linear_available": ([], c_int),
+        "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

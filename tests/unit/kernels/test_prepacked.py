@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tgictl.kernels import prepacked
-from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
+from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
 from tgictl.kernels.linear_methods import dispatch
 from tgictl.kernels.linear_methods import Int8Weight
 from tgictl.kernels.linear_methods.dense import DenseWeight
@@ -41,15 +41,18 @@ def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
     weight = _weight()
     weight.prepack()
     weight.onednn_weight = prepack(torch.zeros_like(weight.weight))  # a packed copy that is visibly not the weight
-    few = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16], 64).to(torch.bfloat16)
-    many = torch.randn(SMALL_LINEAR_MAX_ROWS[torch.bfloat16] + 1, 64).to(torch.bfloat16)
-    assert weight(few).abs().sum() > 0  # the matrix-vector kernel on the plain weight
+    # Where the CPU has AMX, 5-32 rows take the AMX kernel on the plain weight too.
+    plain_max = AMX_LINEAR_MAX_ROWS if amx_available() else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
+    for rows in sorted({SMALL_LINEAR_MAX_ROWS[torch.bfloat16], plain_max}):
+        few = torch.randn(rows, 64).to(torch.bfloat16)
+        torch.testing.assert_close(weight(few).float(), F.linear(few, weight.weight).float(), **BF16_TOL)
+    many = torch.randn(plain_max + 1, 64).to(torch.bfloat16)
     assert torch.equal(weight(many), torch.zeros(many.shape[0], 96, dtype=torch.bfloat16))
 
 
 def test_only_decode_sized_products_take_the_packed_copy_at_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """5..64 rows run at multiples of 8 rows on the packed copy (a bounded set of oneDNN kernels); more rows
-    (prefill) take the plain weight."""
+    """5..64 rows (33..64 where the CPU has AMX: below, the AMX kernel) run at multiples of 8 rows on the
+    packed copy (a bounded set of oneDNN kernels); more rows (prefill) take the plain weight."""
     weight = _weight()
     weight.prepack()
     seen: list[int] = []
@@ -59,18 +62,19 @@ def test_only_decode_sized_products_take_the_packed_copy_at_bucketed_row_counts(
     for rows in (5, 9, 40, 64, 65, 300):
         out = weight(torch.randn(rows, 64).to(torch.bfloat16))
         assert out.shape == (rows, 96)
-    assert seen == [8, 16, 40, 64]  # 5, 9, 40, 64 rows; 65 and 300 on the plain weight
+    # 5, 9, 40, 64 rows; 65 and 300 on the plain weight
+    assert seen == ([40, 64] if amx_available() else [8, 16, 40, 64])
 
 
 def test_table_padding_changes_only_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     weight = _weight()
     weight.prepack()
-    x = torch.randn(6, 64).to(torch.bfloat16)
+    x = torch.randn(34, 64).to(torch.bfloat16)  # above the AMX kernel's rows: the packed copy everywhere
     unpadded = weight(x)
-    monkeypatch.setattr(dispatch, "load_row_padding", lambda: {dispatch.cpu_kind(): {"bfloat16": {6: 9}}})
+    monkeypatch.setattr(dispatch, "load_row_padding", lambda: {dispatch.cpu_kind(): {"bfloat16": {34: 41}}})
     dispatch._this_cpu.cache_clear()
     padded = weight(x)
-    assert padded.shape == (6, 96)
+    assert padded.shape == (34, 96)
     torch.testing.assert_close(padded.float(), unpadded.float(), **BF16_TOL)
     torch.testing.assert_close(padded.float(), F.linear(x, weight.weight).float(), **BF16_TOL)
 

@@ -1,4 +1,4 @@
-/* A decode step's decoder layers in one call: 1-4 rows, bf16 activations, one rank, no biases.
+/* A decode step's decoder layers in one call: 1-32 rows, bf16 activations, one rank, no biases.
  *
  * At batch 1 the Python around each layer's eight compiled calls (tensor allocation, checks, ctypes
  * argument conversion) cost about as much as the attention and the norms together. This runs the
@@ -6,8 +6,9 @@
  * on that path (input norm with the previous MLP output added, fused q|k|v projection, rotary and
  * the KV store, paged decode attention, o projection, post-attention norm with the residual, gate|up
  * projection, silu * up, down projection), so its results are those of the Python layers bit for bit
- * (for int4 weights: those of the Python layers on the C int4 kernel, which the dispatch table may
- * not pick for every shape); kernels/decode_layers.py decides when it may run.
+ * (for int4 weights: those of the Python layers on the C int4 kernels, which the dispatch table may
+ * not pick for every shape); kernels/decode_layers.py decides when it may run (above 4 rows only where
+ * the many-row kernels run: AMX for bf16 rows, bf16 dot products for int4 tiles of k_pad == k).
  *
  * norms:   per layer the input norm and the post-attention norm weights [H], bf16;
  * linears: per layer qkv [(heads + 2 kv_heads) d, H], o [H, heads d], gate_up [2 I, H], down [H, I],
@@ -40,6 +41,14 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
                              int y_bf16, int64_t m, int64_t n, int64_t k, int threads);
 int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
+int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
+                           int64_t n, int64_t k, int threads);
+int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int64_t group,
+                             const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads);
+
+/* Up to this many rows the matrix-vector kernels (kernels/linear.py's SMALL_LINEAR_MAX_ROWS for bf16); above,
+ * the many-row kernels: AMX on bf16 rows, the bf16-tile kernel on int4 (whose input width is then k_pad). */
+#define MATRIX_VECTOR_MAX_ROWS 4
 
 /* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
 typedef struct {
@@ -65,6 +74,11 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
  * kernel reads and writes float32 (the Python path converts the same way: x.float(), y.to(bf16)). */
 static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
                   float *x32, float *y32, int threads) {
+    if (m > MATRIX_VECTOR_MAX_ROWS) {
+        if (w->group == 0) return tgictl_amx_linear_bf16(x, (const uint16_t *)w->weight, NULL, y, m, n, k, threads);
+        return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y, m, n,
+                                        w->k_pad, threads);
+    }
     if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, NULL, y, 1, m, n, k, threads);
     for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
     if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, NULL, y32, m, n, k,

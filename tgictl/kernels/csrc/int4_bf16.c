@@ -23,9 +23,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx.h"
 #include "bf16.h"
 #include "int4_scales.h"
 
@@ -38,46 +37,12 @@
 #if defined(__AVX512BF16__)
 #define HAVE_BF16_DOT 1
 #endif
-#if defined(HAVE_BF16_DOT) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define HAVE_AMX 1
-#endif
-
 #if defined(HAVE_AMX)
-/* Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA), once
- * per process; without it the first tile instruction faults. Refused (an old kernel): the AVX512-BF16 path. */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-static int amx_ready(void) {
-    static int state = 0; /* 0: not asked yet, 1: granted, -1: refused */
-    int now = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (now == 0) {
-        now = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&state, now, __ATOMIC_RELEASE);
-    }
-    return now == 1;
-}
-
-/* Palette 1: tmm0..3 accumulate [input rows 0-15 | 16-31] x [output rows 0-15 | 16-31] of a pass, tmm4/5
- * hold the two blocks of 16 input rows, tmm6/7 the two blocks of 16 output rows. */
-struct tile_config {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
+/* tmm0..3 accumulate [input rows 0-15 | 16-31] x [output rows 0-15 | 16-31] of a pass, tmm4/5 hold the two
+ * blocks of 16 input rows, tmm6/7 the two blocks of 16 output rows (32 columns each). */
 static void configure_tiles(int rows0, int rows1) {
-    struct tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
     const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, KBLOCK / 2, KBLOCK / 2};
-    for (int t = 0; t < 8; t++) {
-        config.rows[t] = (uint8_t)rows[t];
-        config.colsb[t] = rows[t] > 0 ? 64 : 0; /* unused tiles stay unconfigured */
-    }
-    _tile_loadconfig(&config);
+    amx_configure(rows);
 }
 #endif
 

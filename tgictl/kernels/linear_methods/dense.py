@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgictl.kernels.linear import linear
+from tgictl.kernels.linear import linear, uses_amx
 from tgictl.kernels.prepacked import prepack
 from tgictl.kernels.linear_methods.base import LinearWeight
 
@@ -40,9 +40,9 @@ class DenseWeight(LinearWeight):
         return F.embedding(ids, self.weight)
 
     def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        # The one dense path (no table lookup): the packed copy for many rows, else kernels/linear.py,
-        # which picks by row count.
-        packed = self.packed_matmul(x, bias)
+        # The one dense path (no table lookup): kernels/linear.py where it has a kernel of its own for this
+        # row count (matrix-vector, AMX), else the packed copy for many rows, else kernels/linear.py (torch).
+        packed = None if uses_amx(x) else self.packed_matmul(x, bias)
         return packed if packed is not None else linear(x, self.weight, bias)
 
     @classmethod

@@ -1,8 +1,9 @@
 """The decode step's layers in one compiled call (kernels/decode_layers.py) against the Python layers.
 
 The C loop makes the Python layers' calls in their order, so every logprob, token and KV entry must be
-equal bit for bit; and it must decline what it does not compute (prefill, five rows, families with
-biases or q/k norms) without changing anything.
+equal bit for bit, at the matrix-vector kernels' 1-4 rows and, where the many-row kernels run (AMX for
+bf16, bf16 dot products for int4), at 5-32; and it must decline what it does not compute (prefill, more
+rows than its kernels take, families with biases or q/k norms) without changing anything.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from shard_helpers import (
 from tgictl.kernels.decode_layers import decode_layers
 from tgictl.kernels.linear_methods import Int4Weight, dispatch
 from tgictl.kernels.metadata import AttentionMetadata
+from tgictl.kernels.native import cpu_flags
 from tgictl.proto.messages import SamplingParams
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
@@ -75,8 +77,9 @@ def _compare(compiled: ModelRunner, reference: ModelRunner, rows: int, monkeypat
     ours = _generate(compiled, rows, 12)
     monkeypatch.setattr(llama, "decode_layers", decode_layers)
     theirs = _generate(reference, rows, 12)
-    # Never the prefill; every decode step of up to 4 rows (five rows decline until one finishes).
-    assert not ran[0] and ran[1] == (rows <= 4) and (all(ran[1:]) if rows <= 4 else ran[-1])
+    # Never the prefill; every decode step of up to max_rows rows (more decline until enough finish).
+    max_rows = compiled.model.plain_layer_stack().max_rows
+    assert not ran[0] and ran[1] == (rows <= max_rows) and (all(ran[1:]) if rows <= max_rows else ran[-1])
     for rid in range(rows):
         assert ours.ids(rid) == theirs.ids(rid)
         assert ours.logprobs(rid) == theirs.logprobs(rid)  # float equality: the same logits
@@ -85,7 +88,7 @@ def _compare(compiled: ModelRunner, reference: ModelRunner, rows: int, monkeypat
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17, 33])
 def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
     model_dir: Path, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,12 +97,14 @@ def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
 
 
 def _native_int4_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Python layers' int4 products on the C kernel, as the loop computes them (the dispatch table
-    may choose torch's kernel for some shapes; the two differ by float rounding)."""
-    monkeypatch.setattr(dispatch, "backend_order", lambda weight, x: ("native",))
+    """The Python layers' int4 products on the C kernels, as the loop computes them: the matrix-vector one
+    up to 4 rows, the bf16-tile one above (the dispatch table may choose torch's kernel for some shapes;
+    they differ by float rounding)."""
+    monkeypatch.setattr(dispatch, "backend_order", lambda weight, x: ("native",) if x.shape[0] <= 4 else
+                        ("native_bf16", "native"))
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 9])
 @pytest.mark.parametrize("group", [32, 64])
 def test_int4_layers_equal_the_python_layers_on_the_c_kernel(
     model_dir: Path, rows: int, group: int, monkeypatch: pytest.MonkeyPatch
@@ -117,7 +122,8 @@ def test_a_gguf_s_q4_1_layers_equal_the_python_layers(tmp_path: Path, monkeypatc
     compiled = make_runner(directory, dtype=torch.bfloat16)
     assert isinstance(compiled.model.layers[0].attention.qkv.weight, Int4Weight)  # Q4_1 re-laid as int4 tiles
     _native_int4_only(monkeypatch)
-    _compare(compiled, make_runner(directory, dtype=torch.bfloat16), 2, monkeypatch)
+    for rows in (2, 6):
+        _compare(compiled, make_runner(directory, dtype=torch.bfloat16), rows, monkeypatch)
 
 
 def test_int8_layers_keep_the_python_layers(model_dir: Path) -> None:
@@ -145,8 +151,8 @@ def test_the_loop_declines_what_it_does_not_compute(model_dir: Path) -> None:
     caches = [runner.kv_cache.layer(i) for i in range(stack.count)]
     hidden, cos, sin, slots, meta = _decode_inputs(runner, 2)
     assert decode_layers(stack, hidden, None, cos, sin, slots, caches, meta) is not None
-    five = _decode_inputs(runner, 5)  # more rows than the matrix-vector kernel takes
-    assert decode_layers(stack, five[0], None, five[1], five[2], five[3], caches, five[4]) is None
+    many = _decode_inputs(runner, stack.max_rows + 1)  # more rows than its kernels take
+    assert decode_layers(stack, many[0], None, many[1], many[2], many[3], caches, many[4]) is None
     prefill = AttentionMetadata.build([0], [2], [[0]], runner.block_size, runner.device)  # two new tokens
     assert decode_layers(stack, hidden, None, cos, sin, slots, caches, prefill) is None
     assert decode_layers(stack, hidden.float(), None, cos, sin, slots, caches, meta) is None
@@ -166,3 +172,12 @@ def test_families_with_biases_or_qk_norms_keep_the_python_layers(
 
 def test_float32_keeps_the_python_layers(model_dir: Path) -> None:
     assert make_runner(model_dir, dtype=torch.float32).model.plain_layer_stack() is None
+
+
+def test_the_loop_takes_many_rows_where_its_many_row_kernels_run(model_dir: Path) -> None:
+    from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, amx_available
+
+    stack = make_runner(model_dir, dtype=torch.bfloat16).model.plain_layer_stack()
+    assert stack is not None and stack.max_rows == (AMX_LINEAR_MAX_ROWS if amx_available() else 4)
+    if "amx_bf16" in cpu_flags().split():  # this machine's kind: the 5-32 row comparisons above ran the loop
+        assert stack.max_rows == AMX_LINEAR_MAX_ROWS

@@ -1,0 +1,55 @@
+"""The AMX bf16 linear (csrc/amx_linear.c): y^T = W x^T on the weight as stored. Its result is the float32
+matmul of the bf16 inputs up to the order of float32 sums and one final bf16 rounding, for row counts around
+its 16- and 32-row tiles, output widths that leave partial tiles, and with and without bias; it declines an
+input width that is not a multiple of 32 and, on a CPU without AMX, everything."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, amx_available, linear, uses_amx
+from tgictl.kernels.native import cpu_flags, load_native_kernels
+
+
+def test_amx_is_used_exactly_where_the_cpu_has_it() -> None:
+    assert amx_available() == ("amx_bf16" in cpu_flags().split())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 15, 16, 17, 31, 32, 33, 64])
+@pytest.mark.parametrize("out_in", [(96, 64), (200, 576), (49, 96), (17, 1536)], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_it_equals_the_float32_matmul_of_its_inputs(rows: int, out_in: tuple[int, int], with_bias: bool) -> None:
+    native = load_native_kernels()
+    assert native is not None
+    generator = torch.Generator().manual_seed(rows * 7 + out_in[0])
+    n, k = out_in
+    x = torch.randn(rows, k, generator=generator).bfloat16()
+    w = (torch.randn(n, k, generator=generator) * 0.05).bfloat16()
+    bias = torch.randn(n, generator=generator) if with_bias else None
+    out = native.amx_linear(x, w, bias)
+    if not amx_available():
+        assert out is None
+        return
+    assert out is not None and out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    expected = F.linear(x.float(), w.float(), bias)
+    bound = float((x.float().abs() @ w.float().abs().t()).max()) + (0.0 if bias is None else float(bias.abs().max()))
+    torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)
+
+
+def test_it_declines_widths_that_are_not_a_multiple_of_32_and_linear_falls_back() -> None:
+    native = load_native_kernels()
+    assert native is not None
+    x = torch.randn(8, 100).bfloat16()
+    w = torch.randn(40, 100).bfloat16()
+    assert native.amx_linear(x, w, None) is None
+    assert native.amx_linear(x.float(), w.float(), None) is None  # float32: not this kernel's
+    torch.testing.assert_close(linear(x, w).float(), F.linear(x, w).float(), rtol=2**-7, atol=1e-2)
+
+
+def test_linear_routes_5_to_32_bf16_rows_to_it() -> None:
+    for rows, expected in ((4, False), (5, True), (AMX_LINEAR_MAX_ROWS, True), (AMX_LINEAR_MAX_ROWS + 1, False)):
+        x = torch.zeros(rows, 64, dtype=torch.bfloat16)
+        assert uses_amx(x) == (expected and amx_available())
+        assert not uses_amx(x.float())

@@ -1,0 +1,143 @@
+/* y = x W^T + b for bf16 weights and decode-sized row counts (5-64 rows) with AMX, on the CPU.
+ *
+ * TDPBF16PS wants its second operand pair-interleaved along K ([K/2][N][2]); torch's weight is [n, k]
+ * row-major, which is already the layout of the first operand. So the product is computed transposed,
+ * y^T = W x^T: 16-row blocks of W load straight from the weight as it is stored (no packed copy, no
+ * re-layout per call), and x, a few rows, is interleaved once per call into a small buffer. oneDNN
+ * needs its own blocked copy of the weight for the same speed (kernels/prepacked.py), which costs the
+ * weights' bytes a second time.
+ *
+ * Each pass: 32 weight rows (tmm4/5) x 32 input rows (tmm6/7) into four 16 x 16 float32 blocks (tmm0..3),
+ * over all of K. Parallel over blocks of 32 weight rows with OpenMP, `threads` wide.
+ * Layouts: x [m, k] bf16, weight [n, k] bf16, bias [n] float32 or NULL, y [m, n] bf16; k a multiple of 32.
+ * Returns 0, or -1 where this build or process has no AMX, k is not a multiple of 32, or scratch memory
+ * is refused (the caller takes oneDNN).
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx.h"
+#include "bf16.h"
+
+#define KBLOCK 32       /* columns per step: one 64-byte tile row of bf16 */
+#define BLOCK 16        /* rows of a tile */
+#define PASS 32         /* weight rows and input rows per pass */
+#define PREFETCH_BLOCKS 4
+
+int tgictl_amx_linear_available(void) {
+#if defined(HAVE_AMX)
+    return amx_ready();
+#else
+    return 0;
+#endif
+}
+
+#if defined(HAVE_AMX)
+/* x [m, k] -> blocks [ceil(m / 16)][k / 32][16 column pairs][16 rows][2]: the pairs of one row adjacent, as
+ * TDPBF16PS reads its second operand; rows past m are zero. */
+static void interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks) {
+    const int64_t m_blocks = (m + BLOCK - 1) / BLOCK, k_blocks = k / KBLOCK;
+    memset(blocks, 0, (size_t)(m_blocks * k_blocks * BLOCK * BLOCK) * sizeof(uint32_t));
+    for (int64_t i = 0; i < m; i++) {
+        const uint32_t *row = (const uint32_t *)(x + i * k); /* k / 2 pairs */
+        for (int64_t kb = 0; kb < k_blocks; kb++) {
+            uint32_t *block = blocks + ((i / BLOCK) * k_blocks + kb) * BLOCK * BLOCK + i % BLOCK;
+            for (int p = 0; p < BLOCK; p++) block[p * BLOCK] = row[kb * BLOCK + p];
+        }
+    }
+}
+
+/* sums [32 weight rows][32 input rows] -> y[i, n0 + j], bias added, rounded to bf16: 16 weight rows of one
+ * input row at a time, gathered down a column of sums (a scalar transpose cost ~10 ms per SmolLM2 pass at
+ * 64 rows). */
+static void write_block(const float *sums, int w_rows, int x_rows, const float *bias, uint16_t *y, int64_t n,
+                        int64_t n0, int64_t i0) {
+    const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(PASS));
+    for (int j0 = 0; j0 < w_rows; j0 += BLOCK) {
+        const int count = w_rows - j0 < BLOCK ? w_rows - j0 : BLOCK;
+        const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+        const __m512 b = bias != NULL ? _mm512_maskz_loadu_ps(mask, bias + n0 + j0) : _mm512_setzero_ps();
+        for (int i = 0; i < x_rows; i++) {
+            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, down, sums + j0 * PASS + i, 4);
+            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(column, b));
+            _mm256_mask_storeu_epi16(y + (i0 + i) * n + n0 + j0, mask, out);
+        }
+    }
+}
+
+static void weight_block(const uint16_t *w, const uint32_t *blocks, int64_t m, int64_t k, const float *bias,
+                         uint16_t *y, int64_t n, int64_t n0, int configured[2]) {
+    const int64_t k_blocks = k / KBLOCK, stride = k * 2;
+    const int w_rows = n - n0 < PASS ? (int)(n - n0) : PASS;
+    const int rows0 = w_rows < BLOCK ? w_rows : BLOCK, rows1 = w_rows - rows0;
+    if (configured[0] != rows0 || configured[1] != rows1) {
+        const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, BLOCK, BLOCK};
+        amx_configure(rows);
+        configured[0] = rows0;
+        configured[1] = rows1;
+    }
+    const uint16_t *a0 = w + n0 * k, *a1 = a0 + BLOCK * k;
+    float sums[PASS * PASS];
+    for (int64_t i0 = 0; i0 < m; i0 += PASS) {
+        const int x_rows = m - i0 < PASS ? (int)(m - i0) : PASS;
+        const uint32_t *b0 = blocks + (i0 / BLOCK) * k_blocks * BLOCK * BLOCK;
+        const uint32_t *b1 = b0 + k_blocks * BLOCK * BLOCK; /* read only when x_rows > 16 */
+        _tile_zero(0);
+        _tile_zero(1);
+        if (rows1 > 0) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        for (int64_t kb = 0; kb < k_blocks; kb++) {
+            if (i0 == 0 && kb + PREFETCH_BLOCKS < k_blocks)
+                for (int r = 0; r < w_rows; r++) _mm_prefetch((const char *)(a0 + r * k + (kb + PREFETCH_BLOCKS) * KBLOCK), _MM_HINT_T0);
+            _tile_loadd(4, a0 + kb * KBLOCK, stride);
+            _tile_loadd(6, b0 + kb * BLOCK * BLOCK, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            if (x_rows > BLOCK) {
+                _tile_loadd(7, b1 + kb * BLOCK * BLOCK, 64);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+            if (rows1 > 0) {
+                _tile_loadd(5, a1 + kb * KBLOCK, stride);
+                _tile_dpbf16ps(2, 5, 6);
+                if (x_rows > BLOCK) _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        _tile_stored(0, sums, PASS * 4);
+        if (x_rows > BLOCK) _tile_stored(1, sums + BLOCK, PASS * 4);
+        if (rows1 > 0) {
+            _tile_stored(2, sums + BLOCK * PASS, PASS * 4);
+            if (x_rows > BLOCK) _tile_stored(3, sums + BLOCK * PASS + BLOCK, PASS * 4);
+        }
+        write_block(sums, w_rows, x_rows, bias, y, n, n0, i0);
+    }
+}
+#endif
+
+int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
+                           int64_t n, int64_t k, int threads) {
+#if defined(HAVE_AMX)
+    if (!amx_ready() || k % KBLOCK != 0 || m <= 0) return -1;
+    const int64_t m_blocks = (m + BLOCK - 1) / BLOCK;
+    uint32_t *blocks = aligned_alloc(64, (size_t)(m_blocks * (k / KBLOCK)) * BLOCK * BLOCK * sizeof(uint32_t));
+    if (blocks == NULL) return -1;
+    interleave_rows(x, m, k, blocks);
+    const int64_t passes = (n + PASS - 1) / PASS;
+#pragma omp parallel num_threads(threads)
+    {
+        int configured[2] = {-1, -1};
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < passes; p++) weight_block(weight, blocks, m, k, bias, y, n, p * PASS, configured);
+        if (configured[0] >= 0) _tile_release();
+    }
+    free(blocks);
+    return 0;
+#else
+    (void)x, (void)weight, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
+    return -1;
+#endif
+}
