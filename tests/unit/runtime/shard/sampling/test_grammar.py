@@ -89,3 +89,19 @@ def test_a_model_without_tokenizer_refuses_grammars(tmp_path: Path) -> None:
     compiler = GrammarCompiler(tmp_path, 512, (0,))
     with pytest.raises(InvalidRequestError, match="cannot follow grammars: .*no tokenizer.json"):
         compiler.matcher(LONG_KEYS, ())
+
+
+def test_the_vocabulary_is_built_on_the_first_grammar_not_at_load(tiny_model_dir: Path) -> None:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    compiler = GrammarCompiler(tiny_model_dir, config["vocab_size"], (config["eos_token_id"],))
+    assert not compiler.vocabulary_built  # a shard that never sees a grammar never pays for it
+    matcher = compiler.matcher(Grammar(GrammarType.REGEX, "[0-9]+"), ())
+    assert compiler.vocabulary_built and not matcher.is_error()
+    assert compiler.tokenizer is compiler.tokenizer  # built once
+
+
+def test_a_vocabulary_that_cannot_be_built_refuses_grammar_requests(tmp_path: Path) -> None:
+    compiler = GrammarCompiler(tmp_path, 100, (0,))  # no tokenizer.json here
+    with pytest.raises(InvalidRequestError, match="cannot follow grammars"):
+        compiler.matcher(Grammar(GrammarType.REGEX, "[0-9]+"), ())
+    assert compiler.vocabulary_built
