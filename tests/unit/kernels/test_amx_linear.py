@@ -53,3 +53,32 @@ def test_linear_routes_5_to_32_bf16_rows_to_it() -> None:
         x = torch.zeros(rows, 64, dtype=torch.bfloat16)
         assert uses_amx(x) == (expected and amx_available())
         assert not uses_amx(x.float())
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_gguf_rows_decoded_for_it_equal_the_matmul_on_bf16_weights(type_name: str) -> None:
+    """linear_methods/gguf_weight.py's many-row backend: each strip of 32 rows decoded to bf16 (Q8_0 by its
+    own vector path, the others through their float32 decoders), then this kernel's strip product."""
+    import numpy as np
+
+    from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight
+    from tgictl.kernels.linear_methods.native import quant_kernels
+    from tgictl.testing.gguf_blocks import quantized_blocks
+
+    kernels = quant_kernels()
+    assert kernels is not None
+    w = torch.randn(200, 512, generator=torch.Generator().manual_seed(5)) * 0.05  # 200: a partial last strip
+    data = torch.from_numpy(quantized_blocks(type_name, w.numpy(), np.random.default_rng(6)))
+    weight = GGUFWeight(data, BLOCK_TYPES[type_name], 512, torch.bfloat16)
+    w16 = weight.dequantize().bfloat16().float()
+    for rows in (5, 33, 100):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        bias = torch.randn(200, generator=torch.Generator().manual_seed(rows + 1))
+        out = kernels.gguf_bf16_linear(x, data, weight.block_type.native_id, 512, bias)
+        if not amx_available():
+            assert out is None
+            continue
+        assert out is not None and out.shape == (rows, 200) and out.dtype == torch.bfloat16
+        expected = F.linear(x.float(), w16, bias)
+        bound = float((x.float().abs() @ w16.abs().t() + bias.abs()).max())
+        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)

@@ -3,6 +3,7 @@
 #ifndef TGICTL_AMX_H
 #define TGICTL_AMX_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -47,6 +48,13 @@ static inline void amx_configure(const int rows[8]) {
     }
     _tile_loadconfig(&config);
 }
+
+/* amx_linear.c's product on a strip of bf16 weight rows, for the formats that decode their rows first. */
+#define TGICTL_AMX_STRIP_ROWS 32
+size_t tgictl_amx_blocks_bytes(int64_t m, int64_t k);
+void tgictl_amx_interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks);
+void tgictl_amx_strip(const uint16_t *strip, int w_rows, const uint32_t *blocks, int64_t m, int64_t k,
+                      const float *bias, uint16_t *y, int64_t n, int64_t n0, int configured[2]);
 #endif
 
 #endif

@@ -35,11 +35,15 @@ int tgictl_amx_linear_available(void) {
 }
 
 #if defined(HAVE_AMX)
+size_t tgictl_amx_blocks_bytes(int64_t m, int64_t k) {
+    return (size_t)(((m + BLOCK - 1) / BLOCK) * (k / KBLOCK)) * BLOCK * BLOCK * sizeof(uint32_t);
+}
+
 /* x [m, k] -> blocks [ceil(m / 16)][k / 32][16 column pairs][16 rows][2]: the pairs of one row adjacent, as
  * TDPBF16PS reads its second operand; rows past m are zero. */
-static void interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks) {
-    const int64_t m_blocks = (m + BLOCK - 1) / BLOCK, k_blocks = k / KBLOCK;
-    memset(blocks, 0, (size_t)(m_blocks * k_blocks * BLOCK * BLOCK) * sizeof(uint32_t));
+void tgictl_amx_interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks) {
+    const int64_t k_blocks = k / KBLOCK;
+    memset(blocks, 0, tgictl_amx_blocks_bytes(m, k));
     for (int64_t i = 0; i < m; i++) {
         const uint32_t *row = (const uint32_t *)(x + i * k); /* k / 2 pairs */
         for (int64_t kb = 0; kb < k_blocks; kb++) {
@@ -68,10 +72,13 @@ static void write_block(const float *sums, int w_rows, int x_rows, const float *
     }
 }
 
-static void weight_block(const uint16_t *w, const uint32_t *blocks, int64_t m, int64_t k, const float *bias,
-                         uint16_t *y, int64_t n, int64_t n0, int configured[2]) {
+/* y[:, n0 .. n0 + w_rows) = x W_strip^T + bias for a strip of w_rows <= 32 weight rows in bf16 (row stride k:
+ * the weight itself, or rows a quantized format decoded into a buffer) against tgictl_amx_interleave_rows'
+ * blocks of x. `configured` holds the calling thread's tile shapes, {-1, -1} before its first strip; the
+ * thread releases the tiles (_tile_release) when done. */
+void tgictl_amx_strip(const uint16_t *strip, int w_rows, const uint32_t *blocks, int64_t m, int64_t k,
+                      const float *bias, uint16_t *y, int64_t n, int64_t n0, int configured[2]) {
     const int64_t k_blocks = k / KBLOCK, stride = k * 2;
-    const int w_rows = n - n0 < PASS ? (int)(n - n0) : PASS;
     const int rows0 = w_rows < BLOCK ? w_rows : BLOCK, rows1 = w_rows - rows0;
     if (configured[0] != rows0 || configured[1] != rows1) {
         const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, BLOCK, BLOCK};
@@ -79,7 +86,7 @@ static void weight_block(const uint16_t *w, const uint32_t *blocks, int64_t m, i
         configured[0] = rows0;
         configured[1] = rows1;
     }
-    const uint16_t *a0 = w + n0 * k, *a1 = a0 + BLOCK * k;
+    const uint16_t *a0 = strip, *a1 = a0 + BLOCK * k;
     float sums[PASS * PASS];
     for (int64_t i0 = 0; i0 < m; i0 += PASS) {
         const int x_rows = m - i0 < PASS ? (int)(m - i0) : PASS;
@@ -122,16 +129,19 @@ int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const floa
                            int64_t n, int64_t k, int threads) {
 #if defined(HAVE_AMX)
     if (!amx_ready() || k % KBLOCK != 0 || m <= 0) return -1;
-    const int64_t m_blocks = (m + BLOCK - 1) / BLOCK;
-    uint32_t *blocks = aligned_alloc(64, (size_t)(m_blocks * (k / KBLOCK)) * BLOCK * BLOCK * sizeof(uint32_t));
+    uint32_t *blocks = aligned_alloc(64, tgictl_amx_blocks_bytes(m, k));
     if (blocks == NULL) return -1;
-    interleave_rows(x, m, k, blocks);
+    tgictl_amx_interleave_rows(x, m, k, blocks);
     const int64_t passes = (n + PASS - 1) / PASS;
 #pragma omp parallel num_threads(threads)
     {
         int configured[2] = {-1, -1};
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < passes; p++) weight_block(weight, blocks, m, k, bias, y, n, p * PASS, configured);
+        for (int64_t p = 0; p < passes; p++) {
+            const int64_t n0 = p * PASS;
+            tgictl_amx_strip(weight + n0 * k, n - n0 < PASS ? (int)(n - n0) : PASS, blocks, m, k, bias, y, n, n0,
+                             configured);
+        }
         if (configured[0] >= 0) _tile_release();
     }
     free(blocks);

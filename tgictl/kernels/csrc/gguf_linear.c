@@ -10,6 +10,7 @@
  * Layouts: x [m, k] float32; w [n, row_bytes] uint8 (n rows of k / block_size blocks); bias [n] float32
  * or NULL; y [m, n] float32. `type` is the block type's number below (gguf_types.py BlockType.native_id).
  */
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include <immintrin.h>
 #endif
 
+#include "amx.h"
 #include "fp16.h"
 #include "vec16.h"
 
@@ -219,4 +221,63 @@ int tgictl_qlinear_gguf(int type, const float *x, const uint8_t *w, int64_t row_
         free(row_values);
     }
     return failed ? -2 : 0;
+}
+
+#if defined(HAVE_AMX)
+/* One weight row as bf16 for the AMX product: Q8_0 by vectors (32 int8 -> two float32 vectors times the
+ * block scale -> 32 bf16), the other types through their float32 decoder and a vector rounding. Rounded to
+ * nearest even, as torch's bf16 conversion. */
+static void decode_row_bf16(int type, const uint8_t *src, float *row_f32, uint16_t *dst, int64_t k) {
+    if (DECODERS[type] == decode_q8_0) {
+        for (int64_t b = 0; b < k / QK; b++, src += Q8_0_BYTES) {
+            const __m512 d = _mm512_set1_ps(load_fp16(src));
+            const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)))));
+            const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 18)))));
+            _mm512_storeu_si512(dst + b * QK, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+        return;
+    }
+    DECODERS[type](src, row_f32, k);
+    for (int64_t j = 0; j < k; j += 32)
+        _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row_f32 + j + 16), _mm512_loadu_ps(row_f32 + j)));
+}
+#endif
+
+/* Many bf16 rows (prefill, decode batches) with AMX: each strip of 32 weight rows is decoded once per call
+ * into bf16 (the thread's buffer, in L2) and multiplied by amx_linear.c's strip product; the weights stay in
+ * their blocks in memory. x [m, k] bf16, y [m, n] bf16, bias [n] float32 or NULL; k a multiple of 32.
+ * Returns 0, or -1 where this build or process has no AMX, the type is unknown or scratch is refused. */
+int tgictl_qlinear_gguf_bf16(int type, const uint16_t *x, const uint8_t *w, int64_t row_bytes, const float *bias,
+                             uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
+#if defined(HAVE_AMX)
+    if (type < 0 || type >= NUM_TYPES || k % QK != 0 || m <= 0 || !amx_ready()) return -1;
+    uint32_t *blocks = aligned_alloc(64, tgictl_amx_blocks_bytes(m, k));
+    if (blocks == NULL) return -1;
+    tgictl_amx_interleave_rows(x, m, k, blocks);
+    const int64_t strips = (n + TGICTL_AMX_STRIP_ROWS - 1) / TGICTL_AMX_STRIP_ROWS;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        uint16_t *strip = aligned_alloc(64, (size_t)TGICTL_AMX_STRIP_ROWS * (size_t)k * sizeof(uint16_t));
+        float *row_f32 = aligned_alloc(64, (size_t)k * sizeof(float));
+        int configured[2] = {-1, -1};
+        if (strip == NULL || row_f32 == NULL) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < strips; s++) {
+            if (strip == NULL || row_f32 == NULL) continue;
+            const int64_t n0 = s * TGICTL_AMX_STRIP_ROWS;
+            const int rows = n - n0 < TGICTL_AMX_STRIP_ROWS ? (int)(n - n0) : TGICTL_AMX_STRIP_ROWS;
+            for (int r = 0; r < rows; r++) decode_row_bf16(type, w + (n0 + r) * row_bytes, row_f32, strip + r * k, k);
+            tgictl_amx_strip(strip, rows, blocks, m, k, bias, y, n, n0, configured);
+        }
+        if (configured[0] >= 0) _tile_release();
+        free(strip);
+        free(row_f32);
+    }
+    free(blocks);
+    return failed ? -1 : 0;
+#else
+    (void)type, (void)x, (void)w, (void)row_bytes, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
+    return -1;
+#endif
 }

@@ -39,6 +39,7 @@ class QuantKernels:
     int4_bf16_path: CFunction
     gguf: CFunction
     gguf_decode: CFunction
+    gguf_bf16: CFunction
 
     def int8_linear(self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
         """x [m, k] @ (qweight [n, k] int8 * scales [n])^T + bias -> [m, n] in x's dtype."""
@@ -98,6 +99,21 @@ class QuantKernels:
                            in_features, torch.get_num_threads())
         return y.to(x.dtype) if status == 0 else None
 
+    def gguf_bf16_linear(self, x: Tensor, data: Tensor, native_id: int, in_features: int,
+                         bias: Tensor | None) -> Tensor | None:
+        """Many bf16 rows x [m, k] against GGUF blocks, each strip of 32 weight rows decoded once to bf16 and
+        multiplied with AMX -> [m, n] bf16; None without AMX or for another input."""
+        if not _usable(x, data) or x.dtype != torch.bfloat16 or x.shape[1] != in_features:
+            return None
+        x = x.contiguous()
+        m = x.shape[0]
+        n, row_bytes = data.shape
+        b32 = None if bias is None else bias.float().contiguous()
+        y = torch.empty(m, n, dtype=torch.bfloat16)
+        status = self.gguf_bf16(native_id, x.data_ptr(), data.data_ptr(), row_bytes, _ptr(b32), y.data_ptr(), m, n,
+                                in_features, torch.get_num_threads())
+        return y if status == 0 else None
+
     def gguf_dequantize(self, data: Tensor, native_id: int, in_features: int) -> Tensor | None:
         """GGUF blocks data [n, row_bytes] -> [n, in_features] float32, decoded by the C kernel's own decoder."""
         if data.device.type != "cpu" or not data.is_contiguous():
@@ -118,6 +134,7 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
         "tgictl_int4_bf16_path": ([], c_int),
         "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_gguf_dequantize": ([c_int, p, i64, p, i64, i64, c_int], c_int),
+        "tgictl_qlinear_gguf_bf16": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
     }
     functions = []
     for name, (argtypes, restype) in signatures.items():

@@ -42,6 +42,7 @@ def test_variant_kernels_match_the_reference(variant) -> None:
         data = torch.from_numpy(quantized_blocks(name, w.numpy(), np.random.default_rng(1)))
         weight = GGUFWeight(data, block_type, 256, torch.float32)
         outputs[weight] = variant.gguf_linear(x, data, block_type.native_id, 256, bias)
+        assert variant.gguf_bf16_linear(x.bfloat16(), data, block_type.native_id, 256, bias) is None  # no AMX
         decoded = variant.gguf_dequantize(data, block_type.native_id, 256)
         torch.testing.assert_close(decoded, weight.dequantize(), rtol=1e-6, atol=1e-7)
     assert variant.int4_bf16_instructions == "none"
@@ -68,6 +69,9 @@ def test_the_avx512_bf16_path_without_amx(tmp_path: Path) -> None:
     path = _build("cc", tmp_path, march="sapphirerapids", extra_flags=NO_AMX)
     kernels = bind_quant_kernels(ctypes.CDLL(str(path)))
     assert kernels.int4_bf16_instructions == "avx512-bf16"
+    data = torch.from_numpy(quantized_blocks("Q8_0", torch.randn(64, 256).numpy(), np.random.default_rng(0)))
+    assert kernels.gguf_bf16_linear(torch.randn(8, 256).bfloat16(), data, BLOCK_TYPES["Q8_0"].native_id, 256,
+                                    None) is None  # AMX only
     for rows, shape in ((1, (200, 512)), (7, (130, 99)), (33, (576, 1536))):
         w = torch.randn(*shape, generator=torch.Generator().manual_seed(rows)) * 0.05
         check_against_bf16_weights(kernels, Int4Weight.quantize(w, 32, torch.bfloat16), rows, seed=rows)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from tgictl.kernels.linear import amx_available
 from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight, Int4Weight, Int8Weight, LinearWeight
 from tgictl.kernels.linear_methods.gguf_repack import as_int4_tiles
 from tgictl.kernels.linear_methods.int4 import torch_layout_matches
@@ -85,6 +86,8 @@ def test_every_backend_matches_the_reference(name: str, dtype: torch.dtype) -> N
     if isinstance(weight, Int4Weight) and dtype == torch.bfloat16 and kernels is not None \
             and kernels.int4_bf16_instructions != "none":
         assert "native_bf16" in ran
+    if isinstance(weight, GGUFWeight) and dtype == torch.bfloat16 and amx_available():
+        assert "native_bf16" in ran  # the AMX kernel on rows decoded from the blocks
 
 
 def test_int8_stores_the_nearest_multiple_of_its_row_scale() -> None:
