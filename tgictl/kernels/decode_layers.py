@@ -26,7 +26,7 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.batch_invariance import batch_invariant
-from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
+from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
 from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, LinearWeight
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
@@ -102,7 +102,7 @@ class LayerStack:
         norms = [t for layer in layers for t in (layer.input_norm, layer.post_norm)]
         self.norm_pointers = (ctypes.c_void_p * len(norms))(*(t.data_ptr() for t in norms))
         self.linears = (_Linear * len(descriptors))(*descriptors)
-        self.max_rows = AMX_LINEAR_MAX_ROWS if all(_many_rows(w) for layer in layers for w in layer.projections) \
+        self.max_rows = AMX_FIRST_MAX_ROWS if all(_many_rows(w) for layer in layers for w in layer.projections) \
             else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
         self._caches: tuple[tuple[Tensor, ...], ctypes.Array[ctypes.c_void_p]] | None = None
 

@@ -1,6 +1,6 @@
 """The one linear-layer entry point the shard's layers call: torch's matmul, or on CPU for a few rows the
 compiled matrix-vector kernel (kernels/native.py, csrc/small_linear.c) and, where the CPU has AMX, for
-decode-sized row counts the AMX kernel on the weight as stored (csrc/amx_linear.c).
+decode-sized row counts (5-64) the AMX kernel on the weight as stored (csrc/amx_linear.c).
 
 Why: at one to a few rows a linear layer only streams its weights; torch's bf16 matmul reaches a
 fraction of the memory bandwidth there, and batch-1 decode spent most of its step in it. At 5-32 rows
@@ -24,10 +24,13 @@ from tgictl.kernels.native import load_native_kernels
 # 44, 5 rows 37 against 40 (the kernel passes over the weights once per 4 rows); float32 still 1.5x at 8
 # rows. Above it oneDNN's matmul, which reuses each weight across rows in registers, is faster.
 SMALL_LINEAR_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float32: 8}
-# Up to this many bf16 rows the AMX kernel (above the matrix-vector range): SmolLM2's 120 projections, weights
-# streamed from memory, Sapphire Rapids, 2 threads: 5-16 rows 15-17 ms against oneDNN's prepacked 18-22, 32
-# rows 23 against 24; at 64 rows 43 against 29 (oneDNN's blocked layout wins once compute counts).
-AMX_LINEAR_MAX_ROWS = 32
+# The AMX kernel's rows (above the matrix-vector range), and up to which it is used even where a weight has
+# a packed oneDNN copy: SmolLM2's 120 projections, weights streamed from memory, Sapphire Rapids, 2 threads:
+# 5-16 rows 15-17 ms against oneDNN's prepacked 18-22, 32 rows 23 against 24; at 64 rows 43 against 29
+# (oneDNN's blocked layout wins once compute counts), but against torch's F.linear on the plain weight
+# (50 ms at 64 rows) it still wins, so without a copy it takes up to 64 rows.
+AMX_LINEAR_MAX_ROWS = 64
+AMX_FIRST_MAX_ROWS = 32
 
 
 @functools.cache
@@ -38,7 +41,7 @@ def amx_available() -> bool:
 
 
 def uses_amx(x: Tensor) -> bool:
-    """Whether linear() multiplies x [rows, in] with the AMX kernel (bf16, 5-32 rows, AMX here); a product
+    """Whether linear() multiplies x [rows, in] with the AMX kernel (bf16, 5-64 rows, AMX here); a product
     the kernel declines (an input width not a multiple of 32) still falls back to torch's."""
     return x.device.type == "cpu" and x.dtype == torch.bfloat16 \
         and SMALL_LINEAR_MAX_ROWS[torch.bfloat16] < x.shape[0] <= AMX_LINEAR_MAX_ROWS and amx_available()

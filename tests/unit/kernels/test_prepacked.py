@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tgictl.kernels import prepacked
-from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
+from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
 from tgictl.kernels.linear_methods import dispatch
 from tgictl.kernels.linear_methods import Int8Weight
 from tgictl.kernels.linear_methods.dense import DenseWeight
@@ -42,7 +42,7 @@ def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
     weight.prepack()
     weight.onednn_weight = prepack(torch.zeros_like(weight.weight))  # a packed copy that is visibly not the weight
     # Where the CPU has AMX, 5-32 rows take the AMX kernel on the plain weight too.
-    plain_max = AMX_LINEAR_MAX_ROWS if amx_available() else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
+    plain_max = AMX_FIRST_MAX_ROWS if amx_available() else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
     for rows in sorted({SMALL_LINEAR_MAX_ROWS[torch.bfloat16], plain_max}):
         few = torch.randn(rows, 64).to(torch.bfloat16)
         torch.testing.assert_close(weight(few).float(), F.linear(few, weight.weight).float(), **BF16_TOL)
@@ -119,3 +119,25 @@ def test_a_quantized_weight_packs_its_dequantization() -> None:
     expected = F.linear(x_many, weight.dequantize().to(torch.bfloat16))
     torch.testing.assert_close(weight(x_many).float(), expected.float(), **BF16_TOL)
     assert torch.equal(weight(x_few), before_few)  # a few rows: the format's kernels, unchanged
+
+
+def test_auto_packs_no_copy_of_what_the_amx_kernel_reads_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `auto` on an AMX machine dense weights keep no copy (the AMX kernel reads them as stored) while
+    an int8 vocabulary still gets one (its own kernels are slower at many rows); elsewhere both are packed."""
+    monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "auto")
+    dense, int8 = _weight(seed=3), Int8Weight.quantize(torch.randn(96, 64) * 0.05, torch.bfloat16)
+    added = prepack_weights([dense, int8])
+    assert (dense.onednn_weight is None) == amx_available()
+    assert int8.onednn_weight is not None and added >= 96 * 64 * 2
+
+
+def test_without_a_copy_33_to_64_rows_take_the_amx_kernel() -> None:
+    from tgictl.kernels.native import load_native_kernels
+
+    weight = _weight(seed=4)
+    assert weight.onednn_weight is None
+    x = torch.randn(40, 64).to(torch.bfloat16)
+    native = load_native_kernels()
+    assert native is not None
+    expected = native.amx_linear(x, weight.weight, None) if amx_available() else F.linear(x, weight.weight)
+    assert expected is not None and torch.equal(weight(x), expected)

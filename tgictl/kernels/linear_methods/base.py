@@ -82,6 +82,11 @@ class LinearWeight(nn.Module, ABC):
     # kernels serve (kernels/prepacked.py); set by prepack(), never a parameter or buffer.
     onednn_weight: Tensor | None = None
 
+    def wants_packed_copy(self, policy: str) -> bool:
+        """Whether this weight should get a packed copy under TGICTL_PREPACK_WEIGHTS=`policy` (before the
+        memory check): formats whose own kernels match the copy's speed say no under `auto`."""
+        return True
+
     def prepack(self) -> bool:
         """Hold a packed bf16 copy of W (dense: the weight itself; other formats: their dequantization)."""
         if self.dtype != torch.bfloat16 or self.device.type != "cpu":

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgictl.kernels.linear import linear, uses_amx
+from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, amx_available, linear, uses_amx
 from tgictl.kernels.prepacked import prepack
 from tgictl.kernels.linear_methods.base import LinearWeight
 
@@ -21,6 +21,12 @@ class DenseWeight(LinearWeight):
     def __init__(self, weight: Tensor) -> None:
         super().__init__(weight.shape[0], weight.shape[1], weight.dtype)
         self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in]
+
+    def wants_packed_copy(self, policy: str) -> bool:
+        """Under `auto`, no copy where the AMX kernel reads the weight as stored: it is as fast as oneDNN's
+        copy up to 32 rows, the copy only wins at 33-64 (see kernels/linear.py), and it costs the weights'
+        bytes again (SmolLM2 bf16: 258 MiB, a quarter of the shard)."""
+        return not (policy == "auto" and amx_available())
 
     def prepack(self) -> bool:
         self.onednn_weight = prepack(self.weight)  # the weight itself: no dequantized copy first
@@ -41,8 +47,10 @@ class DenseWeight(LinearWeight):
 
     def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         # The one dense path (no table lookup): kernels/linear.py where it has a kernel of its own for this
-        # row count (matrix-vector, AMX), else the packed copy for many rows, else kernels/linear.py (torch).
-        packed = None if uses_amx(x) else self.packed_matmul(x, bias)
+        # row count that beats the packed copy (matrix-vector; AMX up to 32 rows), else the packed copy for
+        # many rows where there is one, else kernels/linear.py (AMX up to 64 rows, torch above).
+        amx_first = uses_amx(x) and x.shape[0] <= AMX_FIRST_MAX_ROWS
+        packed = None if amx_first else self.packed_matmul(x, bias)
         return packed if packed is not None else linear(x, self.weight, bias)
 
     @classmethod

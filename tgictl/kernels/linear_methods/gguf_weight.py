@@ -46,11 +46,11 @@ class GGUFWeight(LinearWeight):
     def backends(self) -> Mapping[str, LinearFn]:
         return GGUF_BACKENDS
 
-    def prepack(self) -> bool:
-        """No packed bf16 copy where the AMX kernel reads the blocks themselves: on the default GGUF's Q8_0
-        LM head it is faster than oneDNN on the copy up to 32 rows (16 rows 4.6 against 5.5 ms) and the copy
-        would cost 54 MiB; at 33-64 rows the copy was faster (6.5 against 10.1 ms)."""
-        return False if amx_available() else super().prepack()
+    def wants_packed_copy(self, policy: str) -> bool:
+        """Under `auto`, no packed bf16 copy where the AMX kernel reads the blocks themselves: on the default
+        GGUF's Q8_0 LM head it is faster than oneDNN on the copy up to 32 rows (4.0-4.2 ms at 5-32 rows
+        against 5.5-8.6) and the copy would cost 54 MiB; at 64 rows the copy was faster (6.5 against 10.1)."""
+        return not (policy == "auto" and amx_available())
 
     def slice_rows(self, start: int, stop: int) -> GGUFWeight:
         return GGUFWeight(self.data[start:stop].contiguous(), self.block_type, self.in_features, self.dtype)
