@@ -82,3 +82,27 @@ def test_gguf_rows_decoded_for_it_equal_the_matmul_on_bf16_weights(type_name: st
         expected = F.linear(x.float(), w16, bias)
         bound = float((x.float().abs() @ w16.abs().t() + bias.abs()).max())
         torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)
+
+
+def test_int8_rows_decoded_for_it_equal_the_matmul_on_bf16_weights() -> None:
+    """linear_methods/int8.py's many-row backend: each strip of int8 rows times its scale in bf16, then this
+    kernel's strip product."""
+    from tgictl.kernels.linear_methods import Int8Weight
+    from tgictl.kernels.linear_methods.native import quant_kernels
+
+    kernels = quant_kernels()
+    assert kernels is not None
+    weight = Int8Weight.quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(8)) * 0.05,
+                                 torch.bfloat16)
+    w16 = weight.dequantize().bfloat16().float()
+    for rows in (5, 33, 100):
+        x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        bias = torch.randn(200, generator=torch.Generator().manual_seed(rows + 2))
+        out = kernels.int8_bf16_linear(x, weight.qweight, weight.scales, bias)
+        if not amx_available():
+            assert out is None
+            continue
+        assert out is not None and out.shape == (rows, 200) and out.dtype == torch.bfloat16
+        expected = F.linear(x.float(), w16, bias)
+        bound = float((x.float().abs() @ w16.abs().t() + bias.abs()).max())
+        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)

@@ -121,14 +121,27 @@ def test_a_quantized_weight_packs_its_dequantization() -> None:
     assert torch.equal(weight(x_few), before_few)  # a few rows: the format's kernels, unchanged
 
 
-def test_auto_packs_no_copy_of_what_the_amx_kernel_reads_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under `auto` on an AMX machine dense weights keep no copy (the AMX kernel reads them as stored) while
-    an int8 vocabulary still gets one (its own kernels are slower at many rows); elsewhere both are packed."""
+def test_auto_packs_no_copy_of_what_the_amx_kernels_read_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `auto` on an AMX machine dense weights, int8 rows and GGUF blocks keep no copy (AMX kernels read
+    them as stored); elsewhere they are packed (memory allowing); `1` packs them everywhere."""
+    import numpy as np
+
+    from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight
+    from tgictl.testing.gguf_blocks import quantized_blocks
+
+    def weights() -> list:
+        data = quantized_blocks("Q8_0", (torch.randn(96, 64) * 0.05).numpy(), np.random.default_rng(0))
+        return [_weight(seed=3), Int8Weight.quantize(torch.randn(96, 64) * 0.05, torch.bfloat16),
+                GGUFWeight(torch.from_numpy(data), BLOCK_TYPES["Q8_0"], 64, torch.bfloat16)]
+
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "auto")
-    dense, int8 = _weight(seed=3), Int8Weight.quantize(torch.randn(96, 64) * 0.05, torch.bfloat16)
-    added = prepack_weights([dense, int8])
-    assert (dense.onednn_weight is None) == amx_available()
-    assert int8.onednn_weight is not None and added >= 96 * 64 * 2
+    auto = weights()
+    added = prepack_weights(auto)
+    assert [w.onednn_weight is None for w in auto] == [amx_available()] * 3
+    assert added == (0 if amx_available() else 3 * 96 * 64 * 2)
+    monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "1")
+    forced = weights()
+    assert prepack_weights(forced) == 3 * 96 * 64 * 2 and all(w.onednn_weight is not None for w in forced)
 
 
 def test_without_a_copy_33_to_64_rows_take_the_amx_kernel() -> None:

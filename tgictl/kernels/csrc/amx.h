@@ -9,6 +9,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* amx_linear.c's product for the formats that decode their rows first: a decoder fills strip [rows][k] bf16
+ * with weight rows row0 .. row0 + rows (rows <= 32) of `source` (the format's tensors); scratch: k floats
+ * of the calling thread's own. */
+typedef void (*tgictl_strip_decoder)(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip,
+                                     float *scratch);
+int tgictl_amx_decoded_linear(const uint16_t *x, const uint16_t *weight, tgictl_strip_decoder decode,
+                              const void *source, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k,
+                              int threads);
+
 #if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define HAVE_AMX 1
 #include <immintrin.h>
@@ -48,13 +57,6 @@ static inline void amx_configure(const int rows[8]) {
     }
     _tile_loadconfig(&config);
 }
-
-/* amx_linear.c's product on a strip of bf16 weight rows, for the formats that decode their rows first. */
-#define TGICTL_AMX_STRIP_ROWS 32
-size_t tgictl_amx_blocks_bytes(int64_t m, int64_t k);
-void tgictl_amx_interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks);
-void tgictl_amx_strip(const uint16_t *strip, int w_rows, const uint32_t *blocks, int64_t m, int64_t k,
-                      const float *bias, uint16_t *y, int64_t n, int64_t n0, int configured[2]);
 #endif
 
 #endif

@@ -8,7 +8,9 @@
  * weights' bytes a second time.
  *
  * Each pass: 32 weight rows (tmm4/5) x 32 input rows (tmm6/7) into four 16 x 16 float32 blocks (tmm0..3),
- * over all of K. Parallel over blocks of 32 weight rows with OpenMP, `threads` wide.
+ * over all of K. Parallel over strips of 32 weight rows with OpenMP, `threads` wide. Quantized formats
+ * (gguf_linear.c, quant_linear.c) pass a decoder that writes each strip's rows in bf16 into a per-thread
+ * buffer first (tgictl_amx_decoded_linear): the weights stay quantized in memory.
  * Layouts: x [m, k] bf16, weight [n, k] bf16, bias [n] float32 or NULL, y [m, n] bf16; k a multiple of 32.
  * Returns 0, or -1 where this build or process has no AMX, k is not a multiple of 32, or scratch memory
  * is refused (the caller takes oneDNN).
@@ -35,15 +37,15 @@ int tgictl_amx_linear_available(void) {
 }
 
 #if defined(HAVE_AMX)
-size_t tgictl_amx_blocks_bytes(int64_t m, int64_t k) {
+static size_t blocks_bytes(int64_t m, int64_t k) {
     return (size_t)(((m + BLOCK - 1) / BLOCK) * (k / KBLOCK)) * BLOCK * BLOCK * sizeof(uint32_t);
 }
 
 /* x [m, k] -> blocks [ceil(m / 16)][k / 32][16 column pairs][16 rows][2]: the pairs of one row adjacent, as
  * TDPBF16PS reads its second operand; rows past m are zero. */
-void tgictl_amx_interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks) {
+static void interleave_rows(const uint16_t *x, int64_t m, int64_t k, uint32_t *blocks) {
     const int64_t k_blocks = k / KBLOCK;
-    memset(blocks, 0, tgictl_amx_blocks_bytes(m, k));
+    memset(blocks, 0, blocks_bytes(m, k));
     for (int64_t i = 0; i < m; i++) {
         const uint32_t *row = (const uint32_t *)(x + i * k); /* k / 2 pairs */
         for (int64_t kb = 0; kb < k_blocks; kb++) {
@@ -73,11 +75,11 @@ static void write_block(const float *sums, int w_rows, int x_rows, const float *
 }
 
 /* y[:, n0 .. n0 + w_rows) = x W_strip^T + bias for a strip of w_rows <= 32 weight rows in bf16 (row stride k:
- * the weight itself, or rows a quantized format decoded into a buffer) against tgictl_amx_interleave_rows'
+ * the weight itself, or rows a quantized format decoded into a buffer) against interleave_rows'
  * blocks of x. `configured` holds the calling thread's tile shapes, {-1, -1} before its first strip; the
  * thread releases the tiles (_tile_release) when done. */
-void tgictl_amx_strip(const uint16_t *strip, int w_rows, const uint32_t *blocks, int64_t m, int64_t k,
-                      const float *bias, uint16_t *y, int64_t n, int64_t n0, int configured[2]) {
+static void strip_product(const uint16_t *strip, int w_rows, const uint32_t *blocks, int64_t m, int64_t k,
+                          const float *bias, uint16_t *y, int64_t n, int64_t n0, int configured[2]) {
     const int64_t k_blocks = k / KBLOCK, stride = k * 2;
     const int rows0 = w_rows < BLOCK ? w_rows : BLOCK, rows1 = w_rows - rows0;
     if (configured[0] != rows0 || configured[1] != rows1) {
@@ -125,29 +127,53 @@ void tgictl_amx_strip(const uint16_t *strip, int w_rows, const uint32_t *blocks,
 }
 #endif
 
-int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
-                           int64_t n, int64_t k, int threads) {
+/* The product over all strips of 32 weight rows: each strip read in place from `weight` (bf16 [n, k]) when
+ * `decode` is NULL, else decoded by it into the thread's buffer first (the quantized formats). Returns 0 or
+ * -1 (no AMX, k not a multiple of 32, scratch refused). */
+int tgictl_amx_decoded_linear(const uint16_t *x, const uint16_t *weight, tgictl_strip_decoder decode,
+                              const void *source, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k,
+                              int threads) {
 #if defined(HAVE_AMX)
     if (!amx_ready() || k % KBLOCK != 0 || m <= 0) return -1;
-    uint32_t *blocks = aligned_alloc(64, tgictl_amx_blocks_bytes(m, k));
+    uint32_t *blocks = aligned_alloc(64, blocks_bytes(m, k));
     if (blocks == NULL) return -1;
-    tgictl_amx_interleave_rows(x, m, k, blocks);
+    interleave_rows(x, m, k, blocks);
     const int64_t passes = (n + PASS - 1) / PASS;
-#pragma omp parallel num_threads(threads)
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
     {
+        uint16_t *strip = NULL;
+        float *scratch = NULL;
+        if (decode != NULL) {
+            strip = aligned_alloc(64, (size_t)PASS * (size_t)k * sizeof(uint16_t));
+            scratch = aligned_alloc(64, (size_t)k * sizeof(float));
+            if (strip == NULL || scratch == NULL) failed = 1;
+        }
         int configured[2] = {-1, -1};
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < passes; p++) {
             const int64_t n0 = p * PASS;
-            tgictl_amx_strip(weight + n0 * k, n - n0 < PASS ? (int)(n - n0) : PASS, blocks, m, k, bias, y, n, n0,
-                             configured);
+            const int rows = n - n0 < PASS ? (int)(n - n0) : PASS;
+            if (decode == NULL) {
+                strip_product(weight + n0 * k, rows, blocks, m, k, bias, y, n, n0, configured);
+            } else if (strip != NULL && scratch != NULL) {
+                decode(source, n0, rows, k, strip, scratch);
+                strip_product(strip, rows, blocks, m, k, bias, y, n, n0, configured);
+            }
         }
         if (configured[0] >= 0) _tile_release();
+        free(strip);
+        free(scratch);
     }
     free(blocks);
-    return 0;
+    return failed ? -1 : 0;
 #else
-    (void)x, (void)weight, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
+    (void)x, (void)weight, (void)decode, (void)source, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
     return -1;
 #endif
+}
+
+int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
+                           int64_t n, int64_t k, int threads) {
+    return tgictl_amx_decoded_linear(x, weight, NULL, NULL, bias, y, m, n, k, threads);
 }

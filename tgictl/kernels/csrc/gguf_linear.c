@@ -243,6 +243,19 @@ static void decode_row_bf16(int type, const uint8_t *src, float *row_f32, uint16
 }
 #endif
 
+struct gguf_rows {
+    int type;
+    const uint8_t *w;
+    int64_t row_bytes;
+};
+
+#if defined(HAVE_AMX)
+static void decode_gguf_strip(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip, float *scratch) {
+    const struct gguf_rows *g = source;
+    for (int r = 0; r < rows; r++) decode_row_bf16(g->type, g->w + (row0 + r) * g->row_bytes, scratch, strip + r * k, k);
+}
+#endif
+
 /* Many bf16 rows (prefill, decode batches) with AMX: each strip of 32 weight rows is decoded once per call
  * into bf16 (the thread's buffer, in L2) and multiplied by amx_linear.c's strip product; the weights stay in
  * their blocks in memory. x [m, k] bf16, y [m, n] bf16, bias [n] float32 or NULL; k a multiple of 32.
@@ -250,32 +263,9 @@ static void decode_row_bf16(int type, const uint8_t *src, float *row_f32, uint16
 int tgictl_qlinear_gguf_bf16(int type, const uint16_t *x, const uint8_t *w, int64_t row_bytes, const float *bias,
                              uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
 #if defined(HAVE_AMX)
-    if (type < 0 || type >= NUM_TYPES || k % QK != 0 || m <= 0 || !amx_ready()) return -1;
-    uint32_t *blocks = aligned_alloc(64, tgictl_amx_blocks_bytes(m, k));
-    if (blocks == NULL) return -1;
-    tgictl_amx_interleave_rows(x, m, k, blocks);
-    const int64_t strips = (n + TGICTL_AMX_STRIP_ROWS - 1) / TGICTL_AMX_STRIP_ROWS;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        uint16_t *strip = aligned_alloc(64, (size_t)TGICTL_AMX_STRIP_ROWS * (size_t)k * sizeof(uint16_t));
-        float *row_f32 = aligned_alloc(64, (size_t)k * sizeof(float));
-        int configured[2] = {-1, -1};
-        if (strip == NULL || row_f32 == NULL) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < strips; s++) {
-            if (strip == NULL || row_f32 == NULL) continue;
-            const int64_t n0 = s * TGICTL_AMX_STRIP_ROWS;
-            const int rows = n - n0 < TGICTL_AMX_STRIP_ROWS ? (int)(n - n0) : TGICTL_AMX_STRIP_ROWS;
-            for (int r = 0; r < rows; r++) decode_row_bf16(type, w + (n0 + r) * row_bytes, row_f32, strip + r * k, k);
-            tgictl_amx_strip(strip, rows, blocks, m, k, bias, y, n, n0, configured);
-        }
-        if (configured[0] >= 0) _tile_release();
-        free(strip);
-        free(row_f32);
-    }
-    free(blocks);
-    return failed ? -1 : 0;
+    if (type < 0 || type >= NUM_TYPES) return -1;
+    const struct gguf_rows rows = {type, w, row_bytes};
+    return tgictl_amx_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads);
 #else
     (void)type, (void)x, (void)w, (void)row_bytes, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
     return -1;

@@ -16,6 +16,7 @@
  * The loops are written for the compiler's vectoriser (built with -march=native: AVX-512 where the CPU
  * has it, AVX2 elsewhere, scalar code on neither); tests build the AVX2 and scalar variants too.
  */
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include "amx.h"
 #include "bf16.h"
 #include "int4_scales.h"
 #include "vec16.h"
@@ -51,6 +53,41 @@ void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, in
             y[i * n + row] = dot * s + b;
         }
     }
+}
+
+struct int8_rows {
+    const int8_t *q;
+    const uint16_t *scales; /* bf16 */
+};
+
+#if defined(HAVE_AMX)
+/* int8 rows times their scale, in bf16 (rounded to nearest even), for the AMX product. */
+static void decode_int8_strip(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip, float *scratch) {
+    const struct int8_rows *w = source;
+    (void)scratch;
+    for (int r = 0; r < rows; r++) {
+        const int8_t *q = w->q + (row0 + r) * k;
+        const __m512 s = _mm512_set1_ps(bf16_to_float(w->scales[row0 + r]));
+        for (int64_t j = 0; j < k; j += 32) {
+            const __m512 lo = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + j)))));
+            const __m512 hi = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + j + 16)))));
+            _mm512_storeu_si512(strip + r * k + j, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+#endif
+
+/* Many bf16 rows with AMX on strips of int8 rows decoded to bf16 (amx_linear.c): x [m, k] bf16, scales [n]
+ * bf16, y [m, n] bf16; k a multiple of 32. Returns 0, or -1 without AMX (the caller takes another backend). */
+int tgictl_qlinear_int8_bf16(const uint16_t *x, const int8_t *q, const uint16_t *scales, const float *bias,
+                             uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
+#if defined(HAVE_AMX)
+    const struct int8_rows rows = {q, scales};
+    return tgictl_amx_decoded_linear(x, NULL, decode_int8_strip, &rows, bias, y, m, n, k, threads);
+#else
+    (void)x, (void)q, (void)scales, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
+    return -1;
+#endif
 }
 
 /* One tile of 64 output rows against up to ROW_TILE input rows. */

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from tgictl.kernels.linear import amx_available
 from tgictl.kernels.linear_methods.base import LinearFn, LinearWeight, with_common
 from tgictl.kernels.linear_methods.native import quant_kernels
 
@@ -53,6 +54,11 @@ class Int8Weight(LinearWeight):
     def backends(self) -> Mapping[str, LinearFn]:
         return INT8_BACKENDS
 
+    def wants_packed_copy(self, policy: str) -> bool:
+        """Under `auto`, no bf16 copy (of the int8 vocabulary, the only int8 weight that asks) where the AMX
+        kernel decodes the rows itself: it is as fast as oneDNN on the copy (see kernels/linear.py)."""
+        return not (policy == "auto" and amx_available() and self.scales.dtype == torch.bfloat16)
+
     @classmethod
     def concat_rows(cls, parts: Sequence[LinearWeight]) -> LinearWeight | None:
         typed = [p for p in parts if isinstance(p, Int8Weight)]
@@ -76,4 +82,11 @@ def _native_int8(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor
     return None if kernels is None else kernels.int8_linear(x, weight.qweight, weight.scales, bias)
 
 
-INT8_BACKENDS: Mapping[str, LinearFn] = with_common({"torch": _torch_int8, "native": _native_int8})
+def _native_int8_bf16(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor | None:
+    assert isinstance(weight, Int8Weight)
+    kernels = quant_kernels()
+    return None if kernels is None else kernels.int8_bf16_linear(x, weight.qweight, weight.scales, bias)
+
+
+INT8_BACKENDS: Mapping[str, LinearFn] = with_common(
+    {"torch": _torch_int8, "native": _native_int8, "native_bf16": _native_int8_bf16})

@@ -34,6 +34,7 @@ def _inputs(x: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
 @dataclass(frozen=True)
 class QuantKernels:
     int8: CFunction
+    int8_bf16: CFunction
     int4: CFunction
     int4_bf16: CFunction
     int4_bf16_path: CFunction
@@ -52,6 +53,20 @@ class QuantKernels:
         self.int8(x32.data_ptr(), qweight.data_ptr(), scales.data_ptr(), int(scales.dtype == torch.bfloat16),
                   _ptr(b32), y.data_ptr(), m, n, k, torch.get_num_threads())
         return y.to(x.dtype)
+
+    def int8_bf16_linear(self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
+        """Many bf16 rows x [m, k] against int8 rows with bf16 scales, each strip of 32 rows decoded to bf16 and
+        multiplied with AMX -> [m, n] bf16; None without AMX or for another input."""
+        if not _usable(x, qweight, scales) or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
+            return None
+        x = x.contiguous()
+        m, k = x.shape
+        n = qweight.shape[0]
+        b32 = None if bias is None else bias.float().contiguous()
+        y = torch.empty(m, n, dtype=torch.bfloat16)
+        status = self.int8_bf16(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), _ptr(b32), y.data_ptr(), m, n,
+                                k, torch.get_num_threads())
+        return y if status == 0 else None
 
     def int4_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
                     bias: Tensor | None) -> Tensor | None:
@@ -129,6 +144,7 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures: dict[str, tuple[list[type], type | None]] = {
         "tgictl_qlinear_int8": ([p, p, p, c_int, p, p, i64, i64, i64, c_int], None),
+        "tgictl_qlinear_int8_bf16": ([p, p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4_bf16": ([p, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_int4_bf16_path": ([], c_int),

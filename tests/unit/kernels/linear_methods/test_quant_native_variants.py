@@ -46,6 +46,7 @@ def test_variant_kernels_match_the_reference(variant) -> None:
         decoded = variant.gguf_dequantize(data, block_type.native_id, 256)
         torch.testing.assert_close(decoded, weight.dequantize(), rtol=1e-6, atol=1e-7)
     assert variant.int4_bf16_instructions == "none"
+    assert variant.int8_bf16_linear(x.bfloat16(), int8.qweight, int8.scales, bias) is None  # no AMX
     assert variant.int4_bf16_linear(x.bfloat16(), int4.packed, int4.scales_zeros.bfloat16(), 64, 130, bias) is None
     for weight, out in outputs.items():
         expected = torch.nn.functional.linear(x, weight.dequantize(), bias)
@@ -72,6 +73,8 @@ def test_the_avx512_bf16_path_without_amx(tmp_path: Path) -> None:
     data = torch.from_numpy(quantized_blocks("Q8_0", torch.randn(64, 256).numpy(), np.random.default_rng(0)))
     assert kernels.gguf_bf16_linear(torch.randn(8, 256).bfloat16(), data, BLOCK_TYPES["Q8_0"].native_id, 256,
                                     None) is None  # AMX only
+    int8 = Int8Weight.quantize(torch.randn(64, 256), torch.bfloat16)
+    assert kernels.int8_bf16_linear(torch.randn(8, 256).bfloat16(), int8.qweight, int8.scales, None) is None
     for rows, shape in ((1, (200, 512)), (7, (130, 99)), (33, (576, 1536))):
         w = torch.randn(*shape, generator=torch.Generator().manual_seed(rows)) * 0.05
         check_against_bf16_weights(kernels, Int4Weight.quantize(w, 32, torch.bfloat16), rows, seed=rows)
