@@ -5,6 +5,8 @@ input width that is not a multiple of 32 and, on a CPU without AMX, everything."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,23 @@ def test_linear_routes_5_to_32_bf16_rows_to_it() -> None:
         assert not uses_amx(x.float())
 
 
+def check_many_rows(linear_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None], w16: torch.Tensor) -> None:
+    """linear_fn(x, bias) at 5, 33 and 100 rows equals the float32 matmul on the bf16 weights w16 [out, in]
+    within the output's rounding; where there is no AMX it declines."""
+    out_features, in_features = w16.shape
+    for rows in (5, 33, 100):
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        bias = torch.randn(out_features, generator=torch.Generator().manual_seed(rows + 1))
+        out = linear_fn(x, bias)
+        if not amx_available():
+            assert out is None
+            continue
+        assert out is not None and out.shape == (rows, out_features) and out.dtype == torch.bfloat16
+        expected = F.linear(x.float(), w16, bias)
+        bound = float((x.float().abs() @ w16.abs().t() + bias.abs()).max())
+        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)
+
+
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_gguf_rows_decoded_for_it_equal_the_matmul_on_bf16_weights(type_name: str) -> None:
     """linear_methods/gguf_weight.py's many-row backend: each strip of 32 rows decoded to bf16 (Q8_0 by its
@@ -70,18 +89,8 @@ def test_gguf_rows_decoded_for_it_equal_the_matmul_on_bf16_weights(type_name: st
     w = torch.randn(200, 512, generator=torch.Generator().manual_seed(5)) * 0.05  # 200: a partial last strip
     data = torch.from_numpy(quantized_blocks(type_name, w.numpy(), np.random.default_rng(6)))
     weight = GGUFWeight(data, BLOCK_TYPES[type_name], 512, torch.bfloat16)
-    w16 = weight.dequantize().bfloat16().float()
-    for rows in (5, 33, 100):
-        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).bfloat16()
-        bias = torch.randn(200, generator=torch.Generator().manual_seed(rows + 1))
-        out = kernels.gguf_bf16_linear(x, data, weight.block_type.native_id, 512, bias)
-        if not amx_available():
-            assert out is None
-            continue
-        assert out is not None and out.shape == (rows, 200) and out.dtype == torch.bfloat16
-        expected = F.linear(x.float(), w16, bias)
-        bound = float((x.float().abs() @ w16.abs().t() + bias.abs()).max())
-        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)
+    check_many_rows(lambda x, bias: kernels.gguf_bf16_linear(x, data, weight.block_type.native_id, 512, bias),
+                    weight.dequantize().bfloat16().float())
 
 
 def test_int8_rows_decoded_for_it_equal_the_matmul_on_bf16_weights() -> None:
@@ -94,15 +103,5 @@ def test_int8_rows_decoded_for_it_equal_the_matmul_on_bf16_weights() -> None:
     assert kernels is not None
     weight = Int8Weight.quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(8)) * 0.05,
                                  torch.bfloat16)
-    w16 = weight.dequantize().bfloat16().float()
-    for rows in (5, 33, 100):
-        x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)).bfloat16()
-        bias = torch.randn(200, generator=torch.Generator().manual_seed(rows + 2))
-        out = kernels.int8_bf16_linear(x, weight.qweight, weight.scales, bias)
-        if not amx_available():
-            assert out is None
-            continue
-        assert out is not None and out.shape == (rows, 200) and out.dtype == torch.bfloat16
-        expected = F.linear(x.float(), w16, bias)
-        bound = float((x.float().abs() @ w16.abs().t() + bias.abs()).max())
-        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=1e-5 * bound)
+    check_many_rows(lambda x, bias: kernels.int8_bf16_linear(x, weight.qweight, weight.scales, bias),
+                    weight.dequantize().bfloat16().float())
