@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,14 +110,9 @@ class NativeKernels:
         if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" \
                 or weight.device.type != "cpu" or not weight.is_contiguous() or x.dim() != 2:
             return None
-        x = x.contiguous()
-        m, k = x.shape
-        n = weight.shape[0]
-        b32 = None if bias is None else bias.float().contiguous()
-        y = torch.empty(m, n, dtype=torch.bfloat16)
-        status = self.amx_linear_bf16(x.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(),
-                                      y.data_ptr(), m, n, k, torch.get_num_threads())
-        return y if status == 0 else None
+        n, k = weight.shape[0], x.shape[1]
+        return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.amx_linear_bf16(
+            x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                      context_lens: Tensor, max_len: int, scale: float, softcap: float | None) -> Tensor | None:
@@ -143,6 +139,17 @@ class NativeKernels:
                     context_lens.data_ptr(), n, max_len, heads, kv_heads, d, scale,
                     0.0 if softcap is None else softcap, out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
+
+
+def bf16_product(x: Tensor, n: int, bias: Tensor | None,
+                 call: Callable[[int, int | None, int, int], int]) -> Tensor | None:
+    """y [m, n] bf16 from a C product that reads x [m, k] bf16 and a float32 bias and writes y:
+    call(x_ptr, bias_ptr or None, y_ptr, m) -> status; None unless the status is 0."""
+    x = x.contiguous()
+    b32 = None if bias is None else bias.float().contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+    status = call(x.data_ptr(), None if b32 is None else b32.data_ptr(), y.data_ptr(), x.shape[0])
+    return y if status == 0 else None
 
 
 def _compiler_identity(compiler: str) -> str:

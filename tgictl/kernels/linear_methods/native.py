@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tgictl.kernels.native import load_native_kernels
+from tgictl.kernels.native import bf16_product, load_native_kernels
 
 CFunction = ctypes._CFuncPtr  # type: ignore[name-defined]
 _SCALE_DTYPES = (torch.float32, torch.bfloat16)
@@ -59,14 +59,9 @@ class QuantKernels:
         multiplied with AMX -> [m, n] bf16; None without AMX or for another input."""
         if not _usable(x, qweight, scales) or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
             return None
-        x = x.contiguous()
-        m, k = x.shape
-        n = qweight.shape[0]
-        b32 = None if bias is None else bias.float().contiguous()
-        y = torch.empty(m, n, dtype=torch.bfloat16)
-        status = self.int8_bf16(x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), _ptr(b32), y.data_ptr(), m, n,
-                                k, torch.get_num_threads())
-        return y if status == 0 else None
+        n, k = qweight.shape[0], x.shape[1]
+        return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.int8_bf16(
+            x_ptr, qweight.data_ptr(), scales.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
 
     def int4_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
                     bias: Tensor | None) -> Tensor | None:
@@ -88,13 +83,10 @@ class QuantKernels:
         if not _usable(x, packed, scales_zeros) or x.dtype != torch.bfloat16 or scales_zeros.dtype != torch.bfloat16:
             return None
         k_pad = packed.shape[1]
-        x = F.pad(x, (0, k_pad - x.shape[1])) if k_pad != x.shape[1] else x.contiguous()
-        m = x.shape[0]
-        b32 = None if bias is None else bias.float().contiguous()
-        y = torch.empty(m, out_features, dtype=torch.bfloat16)
-        status = self.int4_bf16(x.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(), group_size, _ptr(b32),
-                                y.data_ptr(), m, out_features, k_pad, torch.get_num_threads())
-        return y if status == 0 else None
+        x = F.pad(x, (0, k_pad - x.shape[1])) if k_pad != x.shape[1] else x
+        return bf16_product(x, out_features, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.int4_bf16(
+            x_ptr, packed.data_ptr(), scales_zeros.data_ptr(), group_size, bias_ptr, y_ptr, m, out_features, k_pad,
+            torch.get_num_threads()))
 
     @property
     def int4_bf16_instructions(self) -> str:
@@ -120,14 +112,9 @@ class QuantKernels:
         multiplied with AMX -> [m, n] bf16; None without AMX or for another input."""
         if not _usable(x, data) or x.dtype != torch.bfloat16 or x.shape[1] != in_features:
             return None
-        x = x.contiguous()
-        m = x.shape[0]
         n, row_bytes = data.shape
-        b32 = None if bias is None else bias.float().contiguous()
-        y = torch.empty(m, n, dtype=torch.bfloat16)
-        status = self.gguf_bf16(native_id, x.data_ptr(), data.data_ptr(), row_bytes, _ptr(b32), y.data_ptr(), m, n,
-                                in_features, torch.get_num_threads())
-        return y if status == 0 else None
+        return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.gguf_bf16(
+            native_id, x_ptr, data.data_ptr(), row_bytes, bias_ptr, y_ptr, m, n, in_features, torch.get_num_threads()))
 
     def gguf_dequantize(self, data: Tensor, native_id: int, in_features: int) -> Tensor | None:
         """GGUF blocks data [n, row_bytes] -> [n, in_features] float32, decoded by the C kernel's own decoder."""
