@@ -171,7 +171,8 @@ class Env:
     shm_collectives: bool = True
     c_compiler: str | None = None
     # A second copy of the bf16 weights in oneDNN's layout (kernels/prepacked.py): TGICTL_PREPACK_WEIGHTS
-    # auto (while the copy takes <= 25% of the memory available after loading), on, or off.
+    # auto (while the copy takes <= 25% of the memory available after loading; on AMX machines none of
+    # the weights the AMX kernels read as stored), on, or off.
     prepack_weights: str = "auto"
 
     @classmethod

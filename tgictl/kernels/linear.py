@@ -40,6 +40,12 @@ def amx_available() -> bool:
     return native is not None and bool(native.amx_linear_available())
 
 
+def amx_replaces_packed_copy(policy: str) -> bool:
+    """Whether, under TGICTL_PREPACK_WEIGHTS=`policy`, weights an AMX kernel reads as stored (dense, int8,
+    GGUF) should keep no oneDNN copy: `auto` on an AMX machine (kernels/prepacked.py)."""
+    return policy == "auto" and amx_available()
+
+
 def uses_amx(x: Tensor) -> bool:
     """Whether linear() multiplies x [rows, in] with the AMX kernel (bf16, 5-64 rows, AMX here); a product
     the kernel declines (an input width not a multiple of 32) still falls back to torch's."""

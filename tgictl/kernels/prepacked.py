@@ -81,7 +81,7 @@ def should_prepack(policy: str, packed_bytes: int, available_bytes: int) -> bool
 def prepack_weights(weights: Sequence[LinearWeight]) -> int:
     """Pack `weights` (bf16 copies) as the policy says; returns the bytes the copies take."""
     policy = read_env().prepack_weights
-    weights = [w for w in weights if w.wants_packed_copy(policy)]  # AMX machines: dense and GGUF need none
+    weights = [w for w in weights if w.wants_packed_copy(policy)]  # under auto on AMX: none of dense, int8, GGUF
     packed_bytes = sum(w.out_features * w.in_features * 2 for w in weights)
     if not weights or not should_prepack(policy, packed_bytes, discover_cpu().available_memory_bytes):
         if weights and policy == "auto":

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, amx_available, linear, uses_amx
+from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, amx_replaces_packed_copy, linear, uses_amx
 from tgictl.kernels.prepacked import prepack
 from tgictl.kernels.linear_methods.base import LinearWeight
 
@@ -26,7 +26,7 @@ class DenseWeight(LinearWeight):
         """Under `auto`, no copy where the AMX kernel reads the weight as stored: it is as fast as oneDNN's
         copy up to 32 rows, the copy only wins at 33-64 (see kernels/linear.py), and it costs the weights'
         bytes again (SmolLM2 bf16: 258 MiB, a quarter of the shard)."""
-        return not (policy == "auto" and amx_available())
+        return not amx_replaces_packed_copy(policy)
 
     def prepack(self) -> bool:
         self.onednn_weight = prepack(self.weight)  # the weight itself: no dequantized copy first
