@@ -29,7 +29,7 @@ from tgictl.errors import ConfigError, DeviceError
 from tgictl.kernels.batch_invariance import enable_batch_invariance
 from tgictl.progress import phase
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
-from tgictl.runtime.shard.dist import destroy_distributed, init_distributed
+from tgictl.runtime.shard.dist import DistContext, destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
@@ -81,6 +81,27 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     socket_path = config.socket_path(config.rank)
     prepare_socket_dir(socket_path.parent)
     check_socket_path(socket_path)
+    # Every torch computation of the process (conversion, loading, the collectives' set-up, then every RPC's
+    # job) runs on the worker's one thread, so the process has a single OpenMP pool (DeviceWorker says why).
+    worker = DeviceWorker()
+    try:
+        runtime, dist = worker.call(_load, config, hub)
+        configure_tracing(config.tracing)
+        try:
+            failure = asyncio.run(_serve_grpc(config, runtime, socket_path, worker))
+        finally:
+            shutdown_tracing()
+    finally:
+        worker.shutdown()
+    if failure is not None:
+        # No destroy_distributed here: with a peer gone it could block; the process is about to exit.
+        raise DeviceError(f"shard rank {config.rank} stopped after an unrecoverable error: {failure}")
+    destroy_distributed(dist)
+    log.info("rank %d stopped", config.rank)
+
+
+def _load(config: ShardConfig, hub: HubConfig | None) -> tuple[ShardRuntime, DistContext]:
+    """Resolve the model and adapters, join the tensor-parallel group and load this rank's slice."""
     model_dir = _resolve_model(config, hub)
     adapters = _resolve_adapters(config, hub)
     device = select_device(config.rank)
@@ -98,19 +119,12 @@ def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
         )
     runtime.set_speculation(config.speculation)
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)
-    configure_tracing(config.tracing)
-    try:
-        failure = asyncio.run(_serve_grpc(config, runtime, socket_path))
-    finally:
-        shutdown_tracing()
-    if failure is not None:
-        # No destroy_distributed here: with a peer gone it could block; the process is about to exit.
-        raise DeviceError(f"shard rank {config.rank} stopped after an unrecoverable error: {failure}")
-    destroy_distributed(dist)
-    log.info("rank %d stopped", config.rank)
+    return runtime, dist
 
 
-async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: Path) -> str | None:
+async def _serve_grpc(
+    config: ShardConfig, runtime: ShardRuntime, socket_path: Path, worker: DeviceWorker
+) -> str | None:
     """Listen until stopped; returns the fatal error's message, or None after a signal."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -120,7 +134,6 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
         failures.append(message)
         stop.set()
 
-    worker = DeviceWorker()
     # Test-only fault injection (TGICTL_FAULT_INJECT); inert when unset.
     faults = StepFaults(read_env().fault_injection)
     servicer = ShardServicer(runtime, config.urls, worker=worker, on_fatal=on_fatal, faults=faults)
@@ -147,7 +160,6 @@ async def _serve_grpc(config: ShardConfig, runtime: ShardRuntime, socket_path: P
         remove_socket(socket_path, inode)
         drained = await loop.run_in_executor(None, worker.drain, _DRAIN_TIMEOUT_S)
         abandoned = worker.abandoned() if not drained else []
-        worker.shutdown()
         if abandoned:
             # Its client (the router) is gone, so nobody will read the result: not a failure. Python
             # would wait for the thread at exit, so leave now; the socket is already gone.
