@@ -75,7 +75,8 @@ DEFINE_PAIR(pair_f32_128, float, load_f32, 128)
 DEFINE_PAIR(pair_f32_any, float, load_f32, d_runtime)
 DEFINE_PAIR(pair_bf16_any, uint16_t, bf16_to_float, d_runtime)
 
-/* bf16 caches with head size 64 or 128: the same pair, written with explicit 16-float vectors. A bf16
+/* bf16 caches with head size 64 or 128 on CPUs without AVX512-BF16 (decode_attention_bf16.c serves the others):
+ * the same pair, written with explicit 16-float vectors. A bf16
  * pair in a 32-bit lane widens without a shuffle (the even element is the lane shifted left by 16, the odd
  * one the lane with its low half cleared), so a cached row is read in "even|odd" order per 32 elements; the
  * query is laid out in that order once, and the output is put back in order at the end. The value sums of
@@ -199,5 +200,23 @@ typedef void (*pair_bf16_fn)(const float *, const uint16_t *, const uint16_t *, 
 
 static inline float store_f32(float x) { return x; }
 DEFINE_ENTRY(tgictl_paged_decode_f32, float, load_f32, store_f32, pair_f32_fn, pair_f32_64, pair_f32_128, pair_f32_any)
-DEFINE_ENTRY(tgictl_paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16, pair_bf16_fn, pair_bf16_vec64,
+DEFINE_ENTRY(paged_decode_bf16_pairs, uint16_t, bf16_to_float, float_to_bf16, pair_bf16_fn, pair_bf16_vec64,
              pair_bf16_vec128, pair_bf16_any)
+
+int tgictl_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
+                                 const int64_t *slots, const int64_t *context_lens, int64_t n, int64_t max_len,
+                                 int64_t heads, int64_t kv_heads, int64_t d, float scale, float softcap, uint16_t *out,
+                                 int threads);
+
+/* bf16: decode_attention_bf16.c where it serves this build and shape (AVX512-BF16, head sizes 64 and 128, up
+ * to 8 query heads per KV head), the pairs above elsewhere. */
+int tgictl_paged_decode_bf16(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
+                             const int64_t *slots, const int64_t *context_lens, int64_t n, int64_t max_len,
+                             int64_t heads, int64_t kv_heads, int64_t d, float scale, float softcap, uint16_t *out,
+                             int threads) {
+    const int status = tgictl_decode_attention_bf16(query, key_cache, value_cache, slots, context_lens, n, max_len,
+                                                    heads, kv_heads, d, scale, softcap, out, threads);
+    if (status != -2) return status;
+    return paged_decode_bf16_pairs(query, key_cache, value_cache, slots, context_lens, n, max_len, heads, kv_heads,
+                                   d, scale, softcap, out, threads);
+}
