@@ -77,6 +77,8 @@ class NativeKernels:
     # bf16 linears of 5-64 rows with AMX on the weight as stored (csrc/amx_linear.c).
     amx_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
     amx_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # Causal prefill attention in bf16 with AVX512-BF16 (csrc/prefill_attention_bf16.c).
+    prefill_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -113,6 +115,25 @@ class NativeKernels:
         n, k = weight.shape[0], x.shape[1]
         return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.amx_linear_bf16(
             x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
+
+    def prefill_attention(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
+                          cache_len: int, scale: float) -> Tensor | None:
+        """Causal attention of one sequence's new tokens query [new_len, heads, d] (bf16) at positions
+        cache_len .. over the paged caches [blocks, block_size, kv_heads, d] at `slots` [cache_len + new_len].
+
+        None where this build or shape is not served (no AVX512-BF16, head size not 64 or 128, another dtype):
+        the caller takes SDPA.
+        """
+        tensors = (query, key_cache, value_cache)
+        if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
+                or slots.dtype != torch.int64 or not slots.is_contiguous():
+            return None
+        new_len, heads, d = query.shape
+        out = torch.empty_like(query)
+        status = self.prefill_bf16(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slots.data_ptr(),
+                                   cache_len, new_len, heads, key_cache.shape[2], d, scale, out.data_ptr(),
+                                   torch.get_num_threads())
+        return out if status == 0 else None
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                      context_lens: Tensor, max_len: int, scale: float, softcap: float | None) -> Tensor | None:
@@ -217,6 +238,7 @@ def _bind(path: Path) -> NativeKernels:
                                        i64, f32, f32, p, c_int], c_int),
         "tgictl_amx_linear_available": ([], c_int),
         "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_prefill_attention_bf16": ([p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int], c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

@@ -31,6 +31,8 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
+#include "exp512.h"
+
 #define CHUNK_KEYS 128 /* keys per task, unless a sequence would then have more than MAX_CHUNKS */
 #define MAX_CHUNKS 16 /* caps the partial results' memory: n * MAX_CHUNKS * heads * (d + 2) floats */
 #define KEY_BLOCK 16  /* keys whose scores are summed across lanes together */
@@ -63,25 +65,6 @@ static inline __m512 sum_lanes_16(const __m512 v[KEY_BLOCK]) {
     /* x[0]: lanes 0-7 and 8-15 each hold v[0..7]'s two half sums, x[1] the same for v[8..15] */
     return _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
-}
-
-/* e^x for x <= 0 (exp.h's polynomial, in vectors; lanes below -87 come out as ~1.6e-38, never 0). */
-static inline __m512 exp_nonpositive_v(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
-                                                          _mm512_set1_ps(0.5f)),
-                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f),
-                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* Asks for a cached row's lines (all KV heads) to be brought into L2 ahead of use. */
