@@ -174,6 +174,9 @@ class Env:
     # auto (while the copy takes <= 25% of the memory available after loading; on AMX machines none of
     # the weights the AMX kernels read as stored), on, or off.
     prepack_weights: str = "auto"
+    # The shard steps a decoding batch ahead while the router handles the last step (runtime/shard/lookahead.py):
+    # TGICTL_LOOKAHEAD=0 turns it off.
+    lookahead: bool = True
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -208,6 +211,7 @@ class Env:
             shm_collectives=_bool(env, "TGICTL_SHM_COLLECTIVES") if _text(env, "TGICTL_SHM_COLLECTIVES") else True,
             c_compiler=_text(env, "CC"),
             prepack_weights=_auto_on_off(env, "TGICTL_PREPACK_WEIGHTS"),
+            lookahead=_bool(env, "TGICTL_LOOKAHEAD") if _text(env, "TGICTL_LOOKAHEAD") else True,
         )
 
     @property

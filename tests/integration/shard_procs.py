@@ -129,8 +129,10 @@ def start_shard(
     world_size: int = 1,
     master_port: int | None = None,
     extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> ShardProc:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(RANK=str(rank), WORLD_SIZE=str(world_size))
     if master_port is not None:

@@ -40,6 +40,7 @@ from tgictl.proto.messages import CachedBatch, StepResult, WarmupResult
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.batch_store import BatchStore
 from tgictl.runtime.shard.faults import StepFaults
+from tgictl.runtime.shard.lookahead import StepAhead, merge_outputs
 from tgictl.runtime.shard.runtime import ShardRuntime, StepOutput
 from tgictl.tracing import server_span
 
@@ -68,6 +69,14 @@ class DeviceWorker:
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the device thread and wait for it (before the event loop serves: loading)."""
         return self._pool.submit(fn, *args).result()
+
+    def post(self, fn: Callable[..., Any], *args: Any, name: str = "") -> None:
+        """Queue `fn(*args)` after the jobs already queued, with nobody waiting for it (a device job posts the
+        look-ahead step this way, so it runs before any later RPC's job). `fn` reports its own failures."""
+        future = self._pool.submit(fn, *args)
+        self._pending[future] = name or getattr(fn, "__name__", "job")
+        self._abandoned.add(future)
+        future.add_done_callback(self._forget)
 
     async def run(self, fn: Callable[..., T], *args: Any, name: str = "") -> T:
         future = self._pool.submit(fn, *args)
@@ -151,15 +160,18 @@ class ShardServicer(TextGenerationServiceServicer):
         worker: DeviceWorker,
         on_fatal: Callable[[str], None],
         faults: StepFaults | None = None,
+        lookahead: bool = True,
     ) -> None:
         self.runtime = runtime
         self.store = BatchStore()
+        self.ahead = StepAhead(runtime, self.store, enabled=lookahead)
         self.worker = worker
         self.failed: str | None = None
         self._on_fatal = on_fatal
         self._faults = faults if faults is not None else StepFaults(None)  # test-only, inert unless set
         self._info = convert.info_to_pb(runtime.info())  # static for the life of the process
         self._urls = convert.service_discovery_response_to_pb(list(urls))
+        self._loop: asyncio.AbstractEventLoop | None = None  # the RPCs' loop, for failures of posted jobs
 
     def fail(self, message: str) -> None:
         """Stop serving after an unrecoverable error (called on the event loop, once per error)."""
@@ -171,19 +183,23 @@ class ShardServicer(TextGenerationServiceServicer):
     async def _on_device(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the device thread. A fatal failure stops the shard from there, so it
         counts even when the RPC's client has already given up."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
 
         def job() -> T:
             try:
                 return fn(*args)
             except Exception as err:
-                code, message = grpc_status(err)
-                if code is grpc.StatusCode.INTERNAL:
-                    log.error("device job %s failed: %s", fn.__name__, message, exc_info=True)
-                    loop.call_soon_threadsafe(self.fail, message)
+                self._report_fatal(loop, fn.__name__, err)
                 raise
 
         return await self.worker.run(job, name=fn.__name__.lstrip("_"))
+
+    def _report_fatal(self, loop: asyncio.AbstractEventLoop, name: str, err: Exception) -> None:
+        """On the device thread: an unrecoverable failure stops the shard (from the event loop)."""
+        code, message = grpc_status(err)
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("device job %s failed: %s", name, message, exc_info=True)
+            loop.call_soon_threadsafe(self.fail, message)
 
     # --- RPCs ------------------------------------------------------------------------------------
 
@@ -246,14 +262,18 @@ class ShardServicer(TextGenerationServiceServicer):
         self.runtime.health()  # a real one-token forward on block 0 (reserved for probes)
 
     def _clear_cache(self, batch_id: int | None) -> None:
+        dropped = self.ahead.drop(batch_id)  # its batch may have finished in the kept step
         if batch_id is None:
             self.store.clear()
-        else:
+        elif not dropped or batch_id in self.store:
             self.store.remove(batch_id)
         if self.runtime.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def _filter(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
+        ahead = self.ahead.filter(batch_id, request_ids)
+        if ahead is not None:
+            return ahead
         kept = self.store.get(batch_id).filter(request_ids)  # validates before it changes anything
         self.store.replace([batch_id], kept)
         return kept.to_cached()
@@ -261,6 +281,7 @@ class ShardServicer(TextGenerationServiceServicer):
     def _warmup(self, request: pb.WarmupRequest) -> WarmupResult:
         message = convert.warmup_request_from_pb(request)
         # Warmup re-allocates the KV cache, so no cached batch survives it (the router clears first).
+        self.ahead.drop(None)
         self.store.clear()
         return self.runtime.warmup(message)
 
@@ -272,25 +293,48 @@ class ShardServicer(TextGenerationServiceServicer):
         batch_id = message.batch.id
         consumed: list[int] = []
         cached: ShardBatch | None = None
+        ahead_id: int | None = None  # the cached batch, when its step already ran ahead
         if message.cached_batch is not None:
-            cached = self.store.get(message.cached_batch.id)
-            consumed.append(cached.id)
+            consumed.append(message.cached_batch.id)
+            if self.ahead.holds(message.cached_batch.id):
+                ahead_id = message.cached_batch.id
+            else:
+                cached = self.store.get(message.cached_batch.id)
         if batch_id in self.store and batch_id not in consumed:
             raise InvalidRequestError(f"batch {batch_id}: a cached batch already has this id")
         # The runtime validates the new batch before it touches `cached`, so a refusal changes nothing.
         output = self.runtime.prefill(message.batch, cached)
+        if ahead_id is not None:  # the cached rows' step first, as a mixed forward would list them
+            kept = self.ahead.take(ahead_id)
+            assert kept is not None
+            output = merge_outputs(kept, output, batch_id)
         if output[1] is not None:
             output[1].id = batch_id  # concatenated under the cached batch's id; the proto caches it here
         return self._store_step(consumed, output)
 
     def _decode(self, request: pb.DecodeRequest) -> StepResult:
         ids = [b.id for b in convert.decode_request_from_pb(request).batches]
+        output = self.ahead.decode(ids, self._step)
+        return self._store_step(ids, output if output is not None else self._step(ids))
+
+    def _step(self, ids: Sequence[int]) -> StepOutput:
         self._faults.before_step("Decode")
         batches = self.store.get_many(ids)  # all or nothing: an unknown id consumes no batch
-        return self._store_step(ids, self.runtime.decode(batches))
+        return self.runtime.decode(batches)
 
     def _store_step(self, consumed: Sequence[int], output: StepOutput) -> StepResult:
         generations, next_batch, timings = output
         self.store.replace(consumed, next_batch)
         cached = next_batch.to_cached() if next_batch is not None else None
+        if self.ahead.eligible(next_batch) and self._loop is not None:
+            assert next_batch is not None
+            self.worker.post(self._look_ahead, self._loop, next_batch.id, name="look-ahead step")
         return StepResult(generations=tuple(generations), batch=cached, timings=timings)
+
+    def _look_ahead(self, loop: asyncio.AbstractEventLoop, batch_id: int) -> None:
+        """The posted job: the stored batch's next step (lookahead.py); a recoverable failure waits for the
+        RPC that asks for the step, an unrecoverable one stops the shard now."""
+        try:
+            self.ahead.run(batch_id, self._faults.before_step)
+        except Exception as err:  # noqa: BLE001 - kept for the taker; only fatal ones are reported here
+            self._report_fatal(loop, "look-ahead step", err)

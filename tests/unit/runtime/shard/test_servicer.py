@@ -8,21 +8,15 @@ failure into INTERNAL, reports it once, and refuses every later RPC.
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import pytest
+from servicer_helpers import paged_request, serving
 
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
-from tgictl.proto.generate_pb2_grpc import (
-    TextGenerationServiceStub,
-    add_TextGenerationServiceServicer_to_server,
-)
 from tgictl.proto.messages import (
     Batch,
     DecodeRequest,
@@ -30,52 +24,12 @@ from tgictl.proto.messages import (
     Request,
     SamplingParams,
     StoppingParams,
-    WarmupRequest,
 )
-from tgictl.runtime.shard.dist import DistContext
-from tgictl.runtime.shard.runtime import ShardRuntime
-from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
-
-BLOCK = 16
-
-
-def _request(rid: int, first_block: int, prompt: tuple[int, ...], new: int = 4) -> Request:
-    tokens = len(prompt) + new - 1
-    blocks = tuple(range(first_block, first_block + math.ceil(tokens / BLOCK)))
-    slots = tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(tokens))
-    sampling = SamplingParams(temperature=0.5, seed=rid)
-    return Request(rid, prompt, sampling, StoppingParams(new), blocks=blocks, slots=slots)
-
-
-def _warmup() -> WarmupRequest:
-    probe = Request(0, tuple(range(3, 35)), SamplingParams(), StoppingParams(1, ignore_eos=True))
-    return WarmupRequest(batch=Batch(0, (probe,)), max_prefill_tokens=32)
-
-
-@asynccontextmanager
-async def serving(
-    model_dir: Path, path: Path, fatal: list[str]
-) -> AsyncIterator[tuple[TextGenerationServiceStub, ShardServicer]]:
-    runtime = ShardRuntime.load(model_dir, "float32", "cpu", DistContext.single(), kv_cache_memory=4 << 20)
-    worker = DeviceWorker()
-    servicer = ShardServicer(runtime, [f"unix://{path}"], worker=worker, on_fatal=fatal.append)
-    server = grpc.aio.server()
-    add_TextGenerationServiceServicer_to_server(servicer, server)
-    server.add_insecure_port(f"unix:{path}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix:{path}")
-    try:
-        stub = TextGenerationServiceStub(channel)
-        await stub.Warmup(convert.warmup_request_to_pb(_warmup()))
-        yield stub, servicer
-    finally:
-        await channel.close()
-        await server.stop(None)
-        worker.shutdown()
+from tgictl.runtime.shard.servicer import DeviceWorker
 
 
 def test_concurrent_prefills_equal_sequential_ones(tiny_model_dir: Path, tmp_path: Path) -> None:
-    batches = [Batch(i, (_request(i, 1 + 4 * i, tuple(range(10 + i, 30 + i))),)) for i in range(1, 5)]
+    batches = [Batch(i, (paged_request(i, 1 + 4 * i, tuple(range(10 + i, 30 + i))),)) for i in range(1, 5)]
     messages = [convert.prefill_request_to_pb(PrefillRequest(b)) for b in batches]
 
     async def body() -> None:
@@ -118,7 +72,7 @@ def test_an_invalid_request_is_not_fatal(tiny_model_dir: Path, tmp_path: Path) -
 
     async def body() -> None:
         async with serving(tiny_model_dir, tmp_path / "s", fatal) as (stub, _):
-            bad = convert.prefill_request_to_pb(PrefillRequest(Batch(7, (_request(7, 1, (3, 600, 4)),))))
+            bad = convert.prefill_request_to_pb(PrefillRequest(Batch(7, (paged_request(7, 1, (3, 600, 4)),))))
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.Prefill(bad)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
