@@ -73,12 +73,19 @@ def make(
     return batcher, shard, allocator, queue
 
 
-async def serve(batcher: Batcher, clients: list[Client], stagger: Callable[[int], float] = lambda i: 0.0) -> None:
+async def serve(batcher: Batcher, clients: list[Client], stagger: Callable[[int], float] = lambda i: 0.0,
+                one_by_one: bool = False) -> None:
+    """Enqueue the clients (after `stagger(i)` seconds each; with `one_by_one`, each once the one before it
+    has its first event, so every one joins a running batch however fast the fake shard steps) and wait
+    for all of them."""
     task = asyncio.create_task(batcher.run())
     try:
         for i, client in enumerate(clients):
             if stagger(i):
                 await asyncio.sleep(stagger(i))
+            if one_by_one and i > 0:
+                while not clients[i - 1].events:
+                    await asyncio.sleep(0)
             batcher.enqueue(client.entry)
         await asyncio.wait_for(asyncio.gather(*(c.done.wait() for c in clients)), timeout=10)
         for _ in range(5):  # let the loop reach its next step (filtering of cancelled requests)
@@ -266,7 +273,7 @@ def test_requests_sharing_a_cached_prefix_run_together_in_a_cache_that_holds_it_
     async def scenario() -> None:
         await serve(batcher, [Client(request(prompt=prefix + (1,), max_new_tokens=1))])  # publishes it
         shard.peak_batch_size = 0
-        await serve(batcher, clients, stagger=lambda i: 0.0005)
+        await serve(batcher, clients, one_by_one=True)
 
     asyncio.run(scenario())
     assert all(isinstance(c.events[-1], EndEvent) and c.events[-1].generated_tokens == 100 for c in clients)
