@@ -128,7 +128,7 @@ static inline __attribute__((always_inline)) void chunk_heads(
             }
             const float block_max = _mm512_mask_reduce_max_ps(valid, s);
             const float top = block_max > m[x] ? block_max : m[x];
-            const float rescale = m[x] == -INFINITY ? 0.0f : expf(m[x] - top);
+            const float rescale = running_rescale(m[x], top);
             const __m512 probs = _mm512_maskz_mov_ps(valid, exp_nonpositive_v(_mm512_sub_ps(s, _mm512_set1_ps(top))));
             l[x] = l[x] * rescale + _mm512_reduce_add_ps(probs);
             m[x] = top;

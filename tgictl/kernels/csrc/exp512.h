@@ -1,8 +1,10 @@
-/* e^x in 512-bit vectors for the AVX-512 kernels (exp.h's polynomial: softmax after subtracting the maximum). */
+/* The softmax pieces the AVX-512 attention kernels share: e^x in 512-bit vectors (exp.h's polynomial, for
+ * scores after subtracting the maximum) and the running (online) softmax's correction factor. */
 #ifndef TGICTL_EXP512_H
 #define TGICTL_EXP512_H
 
 #include <immintrin.h>
+#include <math.h>
 
 /* e^x for x <= 0 (exp.h's polynomial, in vectors; lanes below -87 come out as ~1.6e-38, never 0). */
 static inline __m512 exp_nonpositive_v(__m512 x) {
@@ -21,6 +23,13 @@ static inline __m512 exp_nonpositive_v(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* e^(old - top) for a running maximum that moves from `old` to `top` (>= old): what the sums so far are
+ * multiplied by. Exactly 1 while the maximum stands (the caller can skip the multiply), 0 before the
+ * first key (old = -inf). */
+static inline float running_rescale(float old, float top) {
+    return old == top ? 1.0f : (old == -INFINITY ? 0.0f : expf(old - top));
 }
 
 #endif

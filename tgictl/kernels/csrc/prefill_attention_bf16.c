@@ -70,8 +70,7 @@ static inline __attribute__((always_inline)) void update_row(__m512 s[SUB], int 
     }
     const float block_max = _mm512_reduce_max_ps(top_v);
     const float old = st[0], top = block_max > old ? block_max : old;
-    /* e^(old - top): 1 while the maximum stands, 0 before the first key */
-    const float rescale = old == top ? 1.0f : (old == -INFINITY ? 0.0f : expf(old - top));
+    const float rescale = running_rescale(old, top);
     __m512 sum = _mm512_setzero_ps();
     uint32_t pb[KEY_BLOCK / 2];
     for (int u = 0; u < SUB; u++) {
