@@ -64,7 +64,7 @@ class DeviceWorker:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tgictl-device")
         self._pending: dict[Future[Any], str] = {}  # job → its name
-        self._abandoned: set[Future[Any]] = set()  # jobs whose RPC's client gave up
+        self._abandoned: set[Future[Any]] = set()  # jobs nobody waits for: their RPC's client gave up, or posted
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the device thread and wait for it (before the event loop serves: loading)."""

@@ -15,11 +15,11 @@ import grpc.aio
 import pytest
 from servicer_helpers import paged_request, serving
 
+from tgictl.env import FaultInjection
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.messages import Batch, CachedBatch, DecodeRequest, PrefillRequest, SamplingParams, StepResult
 from tgictl.runtime.shard.faults import StepFaults
-from tgictl.env import FaultInjection
 
 GREEDY = SamplingParams()
 
