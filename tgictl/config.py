@@ -97,6 +97,9 @@ SHARD_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # Unix socket paths are limited to 108 bytes (sun_path) including the NUL; the shard also binds a
 # temporary name a few bytes longer than the final one.
 MAX_UDS_PATH_BYTES = 90
+# Most decode steps one Decode call may ask for (generate.proto's DecodeRequest.steps): a bound on one
+# call's work, so that no router setting holds the device for minutes.
+MAX_DECODE_STEPS = 64
 
 
 def default_uds_path(uid: int) -> Path:
@@ -279,6 +282,9 @@ class RouterConfig:
     max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
+    # Decode steps per shard call while no request waits to join (runtime/shard/decode_steps.py): fewer
+    # round trips per token, tokens streamed in bursts of up to this many. 1: one step per call, as TGI.
+    decode_steps: int = 4
     # The radix prefix cache (TGI's PREFIX_CACHING). Off: every prompt is computed in full, and blocks
     # go straight back to the free list.
     prefix_caching: bool = True
@@ -302,6 +308,7 @@ class RouterConfig:
             "payload_limit": self.payload_limit,
             "validation_workers": self.validation_workers,
             "max_new_tokens_per_round": self.max_new_tokens_per_round,
+            "decode_steps": self.decode_steps,
         }
         optional_positive = {
             "max_input_tokens": self.max_input_tokens,
@@ -313,6 +320,8 @@ class RouterConfig:
         for name, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.decode_steps > MAX_DECODE_STEPS:
+            raise ConfigError(f"decode_steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
         if self.port > 65535:
             raise ConfigError(f"port must be <= 65535, got {self.port}")
         for name, value in (("max_stop_sequences", self.max_stop_sequences), ("max_top_n_tokens", self.max_top_n_tokens)):

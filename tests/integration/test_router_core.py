@@ -59,8 +59,8 @@ class RecordingClient:
         self.prefills.append(batch)
         return await self.inner.prefill(batch, cached, max_prefill_tokens)
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
-        return await self.inner.decode(batches)
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+        return await self.inner.decode(batches, steps)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         return await self.inner.filter_batch(batch_id, request_ids)

@@ -54,6 +54,11 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help="Default and maximum: the KV tokens the shards hold after warmup.",
     )),
     ("max_batch_size", Optional[int], typer.Option(None, "--max-batch-size", show_default=False)),
+    ("decode_steps", int, typer.Option(
+        _DEFAULTS["decode_steps"], "--decode-steps",
+        help="Decode steps per shard call while no request waits to join: fewer round trips per token, "
+        "tokens streamed in bursts of up to this many (1: one step per call).",
+    )),
     ("prefix_caching", Optional[bool], typer.Option(
         None, "--prefix-caching/--no-prefix-caching", show_default=False,
         help="Reuse the KV of cached prompt prefixes (default: on, or $PREFIX_CACHING as TGI reads it).",

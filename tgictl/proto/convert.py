@@ -382,11 +382,13 @@ def decode_request_to_pb(r: DecodeRequest) -> pb.DecodeRequest:
     add = m.batches.add
     for b in r.batches:
         _fill_cached_batch(add(), b)
+    if r.steps != 1:
+        m.steps = r.steps
     return m
 
 
 def decode_request_from_pb(m: pb.DecodeRequest) -> DecodeRequest:
-    return DecodeRequest(batches=tuple(cached_batch_from_pb(b) for b in m.batches))
+    return DecodeRequest(batches=tuple(cached_batch_from_pb(b) for b in m.batches), steps=m.steps or 1)
 
 
 def filter_batch_request_to_pb(r: FilterBatchRequest) -> pb.FilterBatchRequest:

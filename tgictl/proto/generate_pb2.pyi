@@ -264,10 +264,12 @@ class PrefillResponse(_message.Message):
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "steps")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ...) -> None: ...
+    steps: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns")

@@ -229,3 +229,4 @@ class PrefillRequest:
 @dataclass(frozen=True)
 class DecodeRequest:
     batches: tuple[CachedBatch, ...]  # non-empty; merged into one forward, in this order
+    steps: int = 1  # decode steps before the answer (runtime/shard/decode_steps.py)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tgictl.errors import GenerationError
+from tgictl.proto.step_merge import merge_generations
 from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.proto.messages import (
     Batch,
@@ -80,12 +81,18 @@ class FakeShard:
             lives = self.batches.pop(cached.id) + lives
         return self._step(batch.id, lives)
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
         await asyncio.sleep(0)
         self.calls.append(("decode", tuple(b.id for b in batches)))
         self._maybe_fail("decode")
         lives = [live for b in batches for live in self.batches.pop(b.id)]
-        return self._step(batches[0].id, lives)
+        result = self._step(batches[0].id, lives)
+        for _ in range(steps - 1):  # as the shard answers DecodeRequest.steps (proto/step_merge.py)
+            if result.batch is None:
+                break
+            more = self._step(result.batch.id, self.batches.pop(result.batch.id))
+            result = StepResult(tuple(merge_generations(result.generations, more.generations)), more.batch)
+        return result
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         self.calls.append(("filter", tuple(request_ids)))
@@ -194,9 +201,9 @@ class FakeServiceClient:
         await asyncio.sleep(self.step_delay_s)
         return await self.shard.prefill(batch, cached, max_prefill_tokens)
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
         await asyncio.sleep(self.step_delay_s)
-        return await self.shard.decode(batches)
+        return await self.shard.decode(batches, steps)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         return await self.shard.filter_batch(batch_id, request_ids)

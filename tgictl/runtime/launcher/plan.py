@@ -46,6 +46,7 @@ ROUTER_FLAGS: dict[str, str] = {
     "max_batch_prefill_tokens": "--max-batch-prefill-tokens",
     "max_batch_total_tokens": "--max-batch-total-tokens",
     "max_batch_size": "--max-batch-size",
+    "decode_steps": "--decode-steps",
     "prefix_caching": "--prefix-caching",
     "max_client_batch_size": "--max-client-batch-size",
     "api_key": "--api-key",

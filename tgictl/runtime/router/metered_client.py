@@ -64,10 +64,10 @@ class MeteredClient:
         m.prefix_cache_hit_tokens.inc(sum(r.cache_len for r in batch.requests))
         return await self._step("prefill", self._client.prefill(batch, cached, max_prefill_tokens))
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
         if len(batches) > 1:
             self._metrics.batch_concat.labels(reason="backpressure").inc()
-        return await self._step("decode", self._client.decode(batches))
+        return await self._step("decode", self._client.decode(batches, steps))
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         start = time.perf_counter()

@@ -158,6 +158,7 @@ class RouterService:
             BatcherConfig(
                 max_batch_prefill_tokens=limits.max_batch_prefill_tokens,
                 max_batch_size=limits.max_batch_size,
+                decode_steps=config.decode_steps,
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )

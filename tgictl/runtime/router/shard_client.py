@@ -122,8 +122,8 @@ class ShardedClient:
         replies = await self._all(lambda s: s.Prefill(message, metadata=metadata))
         return _merge([convert.prefill_response_from_pb(r) for r in replies])
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
-        message = convert.decode_request_to_pb(DecodeRequest(tuple(batches)))
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+        message = convert.decode_request_to_pb(DecodeRequest(tuple(batches), steps))
         metadata = grpc_metadata()
         replies = await self._all(lambda s: s.Decode(message, metadata=metadata))
         return _merge([convert.decode_response_from_pb(r) for r in replies])

@@ -33,11 +33,11 @@ class TracedClient:
                                             attributes=attributes):
             return await self._client.prefill(batch, cached, max_prefill_tokens)
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult:
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
         ids = [i for b in batches for i in b.request_ids]
         with tracer().start_as_current_span("decode", kind=SpanKind.CLIENT, links=self._links(ids),
-                                            attributes={"tgictl.batch.size": len(ids)}):
-            return await self._client.decode(batches)
+                                            attributes={"tgictl.batch.size": len(ids), "tgictl.batch.steps": steps}):
+            return await self._client.decode(batches, steps)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         return await self._client.filter_batch(batch_id, request_ids)

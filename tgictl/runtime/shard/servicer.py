@@ -39,6 +39,7 @@ from tgictl.proto.generate_pb2_grpc import TextGenerationServiceServicer
 from tgictl.proto.messages import CachedBatch, StepResult, WarmupResult
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.batch_store import BatchStore
+from tgictl.runtime.shard.decode_steps import check_steps, merge_steps
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.lookahead import StepAhead, merge_outputs
 from tgictl.runtime.shard.runtime import ShardRuntime, StepOutput
@@ -313,9 +314,19 @@ class ShardServicer(TextGenerationServiceServicer):
         return self._store_step(consumed, output)
 
     def _decode(self, request: pb.DecodeRequest) -> StepResult:
-        ids = [b.id for b in convert.decode_request_from_pb(request).batches]
+        message = convert.decode_request_from_pb(request)
+        steps = check_steps(message.steps)
+        ids = [b.id for b in message.batches]
         output = self.ahead.decode(ids, self._step)
-        return self._store_step(ids, output if output is not None else self._step(ids))
+        if output is None:
+            output = self._step(ids)
+        for _ in range(steps - 1):  # decode_steps.py: the next steps of the same batch, answered as one
+            if output[1] is None:
+                break
+            self.store.replace(ids, output[1])
+            ids = [output[1].id]
+            output = merge_steps(output, self._step(ids))
+        return self._store_step(ids, output)
 
     def _step(self, ids: Sequence[int]) -> StepOutput:
         self._faults.before_step("Decode")

@@ -69,9 +69,9 @@ class TimedClient(FakeServiceClient):
         self.forwards.append(("probe" if batch.id == HEALTH_BATCH_ID else "step", start, asyncio.get_running_loop().time()))
         return result
 
-    async def decode(self, batches):  # type: ignore[no-untyped-def]
+    async def decode(self, batches, steps=1):  # type: ignore[no-untyped-def]
         start = asyncio.get_running_loop().time()
-        result = await super().decode(batches)
+        result = await super().decode(batches, steps)
         self.forwards.append(("step", start, asyncio.get_running_loop().time()))
         return result
 
@@ -85,7 +85,8 @@ def test_the_probe_forward_never_runs_beside_a_batch_step(tiny_tokenizer_dir) ->
 
     async def scenario() -> list[tuple[str, float, float]]:
         client = TimedClient()
-        config = RouterConfig(master_shard_uds_path="/tmp/x-0", tokenizer_name="m")
+        # One step per Decode: 30 separate steps for the probes to fall between.
+        config = RouterConfig(master_shard_uds_path="/tmp/x-0", tokenizer_name="m", decode_steps=1)
         service = await RouterService.start(config, tiny_tokenizer_dir, client, "tiny")
         try:
             admission = service.admit()

@@ -34,7 +34,7 @@ class ShardClient(Protocol):
         self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
     ) -> StepResult: ...
 
-    async def decode(self, batches: Sequence[CachedBatch]) -> StepResult: ...
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult: ...
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch: ...
 
@@ -45,6 +45,7 @@ class ShardClient(Protocol):
 class BatcherConfig:
     max_batch_prefill_tokens: int
     max_batch_size: int | None = None
+    decode_steps: int = 1  # per Decode while the queue is empty (RouterConfig.decode_steps)
 
 
 class Batcher:
@@ -156,9 +157,11 @@ class Batcher:
         return await self._apply(result)
 
     async def _decode(self, running: CachedBatch) -> CachedBatch | None:
+        # Several steps per call only while nobody waits: a queued request may join after every step.
+        steps = self._config.decode_steps if not len(self._queue) else 1
         try:
             async with self.forward_lock:
-                result = await self._client.decode([running])
+                result = await self._client.decode([running], steps)
         except Exception as err:  # noqa: BLE001 - see _prefill
             await self._fail([running.id], list(running.request_ids), _as_error(err))
             return None
