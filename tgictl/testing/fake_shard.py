@@ -56,6 +56,7 @@ class FakeShard:
     fail_next: set[str] = field(default_factory=set)  # "prefill" / "decode": fail that call once
     batches: dict[int, list[_Live]] = field(default_factory=dict)
     calls: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    decode_steps: list[int] = field(default_factory=list)  # the steps every Decode asked for
     forwards: int = 0
     peak_batch_size: int = 0  # the most requests one forward carried
     cache_lens: list[int] = field(default_factory=list)  # of every prefilled request, in order
@@ -84,6 +85,7 @@ class FakeShard:
     async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
         await asyncio.sleep(0)
         self.calls.append(("decode", tuple(b.id for b in batches)))
+        self.decode_steps.append(steps)
         self._maybe_fail("decode")
         lives = [live for b in batches for live in self.batches.pop(b.id)]
         result = self._step(batches[0].id, lives)

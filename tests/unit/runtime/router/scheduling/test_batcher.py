@@ -137,6 +137,40 @@ def test_a_stop_string_ends_the_request_and_filters_it_out(texts: TokenTexts) ->
     assert_no_leak(allocator)
 
 
+def test_decode_steps_per_call_give_every_client_the_same_stream(texts: TokenTexts) -> None:
+    """Several steps per Decode (BatcherConfig.decode_steps): the same tokens, texts and stop-string end as one
+    step per call, in fewer calls; a stop string inside a call's tokens drops the rest and filters the row."""
+    streams = {}
+    for steps in (1, 3):
+        batcher, shard, allocator, _ = make(texts, decode_steps=steps)
+        third = texts.decoder.decode([shard.token(0, 2)], skip_special_tokens=False)
+        clients = [Client(request(max_new_tokens=8, stop_sequences=(third,))), Client(request(max_new_tokens=8))]
+        asyncio.run(serve(batcher, clients))
+        streams[steps] = [[(e.token.id, e.content) for e in c.events if isinstance(e, (TokenEvent, EndEvent))]
+                          for c in clients]
+        ends = [c.events[-1] for c in clients]
+        assert isinstance(ends[0], EndEvent) and ends[0].finish_reason == FinishReason.STOP_SEQUENCE
+        assert isinstance(ends[1], EndEvent) and ends[1].generated_tokens == 8
+        assert set(shard.decode_steps) == {steps}
+        assert ("filter", (1,)) in shard.calls
+        assert_no_leak(allocator)
+        calls = len(shard.decode_steps)
+        assert calls == (7 if steps == 1 else 3)  # 8 tokens: 1 from the prefill, then 7 steps
+    assert streams[3] == streams[1]
+
+
+def test_one_step_per_call_while_a_request_waits(texts: TokenTexts) -> None:
+    # 8 blocks of 4 tokens, block 0 reserved: a 20-token request holds 5, so the second waits in the queue.
+    batcher, shard, allocator, queue = make(texts, num_blocks=8, decode_steps=4)
+    first, second = Client(request(max_new_tokens=18)), Client(request(max_new_tokens=18))
+    asyncio.run(serve(batcher, [first, second]))
+    assert tokens_of(first) == [shard.token(0, i) for i in range(18)] and len(tokens_of(second)) == 18
+    # the first ran alone with the second queued: one step per call; then the second alone: four per call
+    # (17 tokens after its prefill's: 4 + 4 + 4 + 4 + 1)
+    assert shard.decode_steps == [1] * 17 + [4] * 5
+    assert_no_leak(allocator)
+
+
 def test_a_client_that_leaves_is_filtered_and_its_blocks_freed(texts: TokenTexts) -> None:
     batcher, shard, allocator, _ = make(texts)
     leaving = Client(request(max_new_tokens=50), cancel_after=2)
