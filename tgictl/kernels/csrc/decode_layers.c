@@ -41,6 +41,9 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
                              int y_bf16, int64_t m, int64_t n, int64_t k, int threads);
 int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
+int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
+                                  int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
+                                  int64_t k_pad, int threads);
 int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
 int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int64_t group,
@@ -70,8 +73,9 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
     return 2 * halves + 4 * m * (widest + deepest) + 4 * 64;  /* bf16 buffers, then float32 x and y */
 }
 
-/* y [m, n] bf16 = x [m, k] bf16 times the projection; x32 / y32: float32 scratch for int4 tiles, whose
- * kernel reads and writes float32 (the Python path converts the same way: x.float(), y.to(bf16)). */
+/* y [m, n] bf16 = x [m, k] bf16 times the projection; y32 (and x32 where the CPU lacks AVX512-BF16): float32
+ * scratch for int4 tiles, whose kernels write float32 (the Python path, linear_methods/native.py's
+ * int4_linear, takes the same kernel and converts the same way: y.to(bf16)). */
 static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
                   float *x32, float *y32, int threads) {
     if (m > MATRIX_VECTOR_MAX_ROWS) {
@@ -80,10 +84,13 @@ static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t 
                                         w->k_pad, threads);
     }
     if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, NULL, y, 1, m, n, k, threads);
-    for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
-    if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, NULL, y32, m, n, k,
-                            w->k_pad, threads) != 0)
-        return -1;
+    if (tgictl_qlinear_int4_rows_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y32, m, n, k,
+                                      w->k_pad, threads) != 0) {
+        for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
+        if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, NULL, y32, m, n, k,
+                                w->k_pad, threads) != 0)
+            return -1;
+    }
     for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
     return 0;
 }

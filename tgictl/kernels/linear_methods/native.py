@@ -36,6 +36,7 @@ class QuantKernels:
     int8: CFunction
     int8_bf16: CFunction
     int4: CFunction
+    int4_rows_bf16: CFunction
     int4_bf16: CFunction
     int4_bf16_path: CFunction
     gguf: CFunction
@@ -65,9 +66,19 @@ class QuantKernels:
 
     def int4_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
                     bias: Tensor | None) -> Tensor | None:
-        """x [m, k] against int4 tiles (linear_methods/int4.py) -> [m, out_features] in x's dtype."""
+        """x [m, k] against int4 tiles (linear_methods/int4.py) -> [m, out_features] in x's dtype. 1-4 bf16
+        rows with bf16 scales take VDPBF16PS where the CPU has it (csrc/int4_rows_bf16.c), others float32."""
         if not _usable(x, packed, scales_zeros) or scales_zeros.dtype not in _SCALE_DTYPES:
             return None
+        if x.dtype == torch.bfloat16 and scales_zeros.dtype == torch.bfloat16 and x.shape[0] <= 4:
+            x16 = x.contiguous()
+            b32 = None if bias is None else bias.float().contiguous()
+            m, k = x16.shape
+            y = torch.empty(m, out_features, dtype=torch.float32)
+            if self.int4_rows_bf16(x16.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(), group_size,
+                                   _ptr(b32), y.data_ptr(), m, out_features, k, packed.shape[1],
+                                   torch.get_num_threads()) == 0:
+                return y.to(torch.bfloat16)
         x32, b32 = _inputs(x, bias)
         m, k = x32.shape
         y = torch.empty(m, out_features, dtype=torch.float32)
@@ -133,6 +144,7 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
         "tgictl_qlinear_int8": ([p, p, p, c_int, p, p, i64, i64, i64, c_int], None),
         "tgictl_qlinear_int8_bf16": ([p, p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_qlinear_int4_rows_bf16": ([p, p, p, i64, p, p, i64, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4_bf16": ([p, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_int4_bf16_path": ([], c_int),
         "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),

@@ -1,6 +1,6 @@
 """The quantized C kernels built for other CPUs than this one: AVX2 (-march=haswell) and baseline x86-64
 (SSE2, effectively the scalar code) give the reference results too, so machines without AVX-512 run
-correct code; their int4 many-row kernel declines (no bf16 dot product). Built for AVX512-BF16 without
+correct code; their int4 many-row and 1-4 row bf16 kernels decline (no bf16 dot product). Built for AVX512-BF16 without
 AMX (as AMD Zen 4 has it), that kernel takes its VDPBF16PS path and gives the same results."""
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ def test_variant_kernels_match_the_reference(variant) -> None:
     assert variant.int4_bf16_instructions == "none"
     assert variant.int8_bf16_linear(x.bfloat16(), int8.qweight, int8.scales, bias) is None  # no AMX
     assert variant.int4_bf16_linear(x.bfloat16(), int4.packed, int4.scales_zeros.bfloat16(), 64, 130, bias) is None
+    # the 1-4 row VDPBF16PS kernel declines too, and int4_linear's bf16 rows take the float32 kernel instead
+    x16, int4_16 = x[:2].bfloat16(), Int4Weight.quantize(w, 64, torch.bfloat16)
+    y = torch.empty(2, 130)
+    assert variant.int4_rows_bf16(x16.data_ptr(), int4_16.packed.data_ptr(), int4_16.scales_zeros.data_ptr(), 64,
+                                  None, y.data_ptr(), 2, 130, 256, 256, 1) == -1
+    out16 = variant.int4_linear(x16, int4_16.packed, int4_16.scales_zeros, 64, 130, bias)
+    assert out16 is not None and out16.dtype == torch.bfloat16
+    expected16 = torch.nn.functional.linear(x16.float(), int4_16.dequantize(), bias)
+    torch.testing.assert_close(out16.float(), expected16, rtol=2**-8, atol=1e-3)
     for weight, out in outputs.items():
         expected = torch.nn.functional.linear(x, weight.dequantize(), bias)
         bound = float((x.abs() @ weight.dequantize().abs().t() + bias.abs()).max())
