@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tgictl.errors import GenerationError
-from tgictl.proto.step_merge import merge_generations
-from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.proto.messages import (
     Batch,
     CachedBatch,
@@ -31,6 +29,8 @@ from tgictl.proto.messages import (
     WarmupRequest,
     WarmupResult,
 )
+from tgictl.proto.step_merge import merge_generations
+from tgictl.runtime.shard.chunking import next_chunk_lengths
 
 
 @dataclass

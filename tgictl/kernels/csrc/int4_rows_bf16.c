@@ -109,15 +109,8 @@ int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, cons
                                   int64_t k_pad, int threads) {
     if (m < 1 || m > MAX_ROWS || group % 2 != 0) return -1;
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE, groups = k_pad / group;
-    float *xsum = malloc(sizeof(float) * (size_t)(m * groups)); /* [m, groups]: sum of x over each group */
+    float *xsum = int4_group_sums(x, 1, m, k, group, groups);
     if (xsum == NULL) return -1;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t end = (g + 1) * group < k ? (g + 1) * group : k;
-            float s = 0.0f;
-            for (int64_t c = g * group; c < end; c++) s += bf16_to_float(x[i * k + c]);
-            xsum[i * groups + g] = s;
-        }
     const __m512i index0 = pair_indices(0), index1 = pair_indices(1), table = nibble_table();
     /* Tiles handed out as threads get free: on 2 shared cores a thread that loses its core to the router
      * for a while leaves the rest of the tiles to the other instead of holding it at the barrier. */

@@ -1,9 +1,29 @@
-/* The (scale, offset) vectors of int4 tiles (tgictl/kernels/linear_methods/int4.py) that the float32 kernel
- * (quant_linear.c) and the bf16 many-row kernel (int4_bf16.c) share. */
+/* What the int4-tile kernels (tgictl/kernels/linear_methods/int4.py's layout) share: the (scale, offset)
+ * vectors (quant_linear.c, int4_bf16.c, int4_rows_bf16.c) and the input's group sums (the matrix-vector ones). */
 #ifndef TGICTL_INT4_SCALES_H
 #define TGICTL_INT4_SCALES_H
 
 #include <stdint.h>
+#include <stdlib.h>
+
+#include "bf16.h"
+
+/* [m, groups] sums of x [m, k] (float32, or bf16 when x_bf16) over each group of `group` columns, in column
+ * order; a group's offset (zero - 8 scale) multiplies this sum. malloc'd for the caller to free; NULL when
+ * refused. */
+static inline float *int4_group_sums(const void *x, int x_bf16, int64_t m, int64_t k, int64_t group, int64_t groups) {
+    float *xsum = malloc(sizeof(float) * (size_t)(m * groups));
+    if (xsum == NULL) return NULL;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t end = (g + 1) * group < k ? (g + 1) * group : k;
+            float s = 0.0f;
+            for (int64_t c = g * group; c < end; c++)
+                s += x_bf16 ? bf16_to_float(((const uint16_t *)x)[i * k + c]) : ((const float *)x)[i * k + c];
+            xsum[i * groups + g] = s;
+        }
+    return xsum;
+}
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

@@ -192,15 +192,8 @@ static void int4_tile_rows(const float *x, const float *xsum, const uint8_t *til
 int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads) {
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE, groups = k_pad / group;
-    float *xsum = malloc(sizeof(float) * (size_t)(m * groups)); /* [m, groups]: sum of x over each group */
+    float *xsum = int4_group_sums(x, 0, m, k, group, groups);
     if (xsum == NULL) return -1;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t end = (g + 1) * group < k ? (g + 1) * group : k;
-            float s = 0.0f;
-            for (int64_t c = g * group; c < end; c++) s += x[i * k + c];
-            xsum[i * groups + g] = s;
-        }
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *tile = packed + t * k_pad * HALF_TILE;

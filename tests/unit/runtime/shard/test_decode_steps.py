@@ -18,7 +18,14 @@ from servicer_helpers import paged_request, serving
 from tgictl.config import MAX_DECODE_STEPS
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
-from tgictl.proto.messages import Batch, DecodeRequest, Generation, PrefillRequest, SamplingParams, StepResult
+from tgictl.proto.messages import (
+    Batch,
+    DecodeRequest,
+    Generation,
+    PrefillRequest,
+    SamplingParams,
+    StepResult,
+)
 
 GREEDY = SamplingParams()
 
