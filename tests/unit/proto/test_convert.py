@@ -203,6 +203,7 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Callable[[Any], Any]]] = [
         C.decode_request_from_pb,
     ),
     ("decode request empty", DecodeRequest(()), C.decode_request_to_pb, C.decode_request_from_pb),
+    ("decode request of 4 steps", DecodeRequest((CACHED,), 4), C.decode_request_to_pb, C.decode_request_from_pb),
     (
         "filter request",
         FilterBatchRequest(U64_MAX, (U64_MAX, 1)),
