@@ -382,8 +382,7 @@ def decode_request_to_pb(r: DecodeRequest) -> pb.DecodeRequest:
     add = m.batches.add
     for b in r.batches:
         _fill_cached_batch(add(), b)
-    if r.steps != 1:
-        m.steps = r.steps
+    m.steps = r.steps
     return m
 
 

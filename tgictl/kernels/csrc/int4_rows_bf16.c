@@ -19,8 +19,9 @@
  *
  * Layouts as quant_linear.c: x [m, k] bf16, packed [ceil(n / 64), k_pad, 32] uint8, scales_zeros
  * [k_pad / group, n_pad, 2] bf16, bias [n] float32 or NULL, y [m, n] float32. The group size is even.
- * Returns 0; -1 where this build lacks the instructions, m is outside 1..4, the group size is odd or
- * scratch memory was refused (the caller then takes the float32 kernel).
+ * Returns 0; -1 where this build lacks the instructions (tgictl_int4_rows_bf16_available() says so once),
+ * m is outside 1..4, the group size is odd or scratch memory was refused (the caller then takes the float32
+ * kernel).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -35,6 +36,14 @@
 #define MAX_ROWS 4
 
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define HAVE_INT4_ROWS_BF16 1
+#else
+#define HAVE_INT4_ROWS_BF16 0
+#endif
+
+int tgictl_int4_rows_bf16_available(void) { return HAVE_INT4_ROWS_BF16; }
+
+#if HAVE_INT4_ROWS_BF16
 
 /* Byte indices into a 64-byte load of columns c (bytes 0..31) and c + 1 (32..63) for the 16-bit words of the
  * rows 16 s + i (low nibbles) and 32 + 16 s + i (high nibbles), i = 0..15: lane i holds column c's byte of

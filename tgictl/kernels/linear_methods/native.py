@@ -37,6 +37,7 @@ class QuantKernels:
     int8_bf16: CFunction
     int4: CFunction
     int4_rows_bf16: CFunction
+    int4_rows_bf16_available: CFunction
     int4_bf16: CFunction
     int4_bf16_path: CFunction
     gguf: CFunction
@@ -70,7 +71,8 @@ class QuantKernels:
         rows with bf16 scales take VDPBF16PS where the CPU has it (csrc/int4_rows_bf16.c), others float32."""
         if not _usable(x, packed, scales_zeros) or scales_zeros.dtype not in _SCALE_DTYPES:
             return None
-        if x.dtype == torch.bfloat16 and scales_zeros.dtype == torch.bfloat16 and x.shape[0] <= 4:
+        if self.rows_bf16_built and x.dtype == torch.bfloat16 and scales_zeros.dtype == torch.bfloat16 \
+                and x.shape[0] <= 4:
             x16 = x.contiguous()
             b32 = None if bias is None else bias.float().contiguous()
             m, k = x16.shape
@@ -98,6 +100,11 @@ class QuantKernels:
         return bf16_product(x, out_features, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.int4_bf16(
             x_ptr, packed.data_ptr(), scales_zeros.data_ptr(), group_size, bias_ptr, y_ptr, m, out_features, k_pad,
             torch.get_num_threads()))
+
+    @functools.cached_property
+    def rows_bf16_built(self) -> bool:
+        """Whether this build has csrc/int4_rows_bf16.c's kernel (asked once: int4_linear is on the hot path)."""
+        return bool(self.int4_rows_bf16_available())
 
     @property
     def int4_bf16_instructions(self) -> str:
@@ -145,6 +152,7 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
         "tgictl_qlinear_int8_bf16": ([p, p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4_rows_bf16": ([p, p, p, i64, p, p, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_int4_rows_bf16_available": ([], c_int),
         "tgictl_qlinear_int4_bf16": ([p, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_int4_bf16_path": ([], c_int),
         "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
