@@ -136,8 +136,9 @@ def test_greedy_equals_argmax_and_log_softmax(rows: int) -> None:
     assert torch.equal(ids, logits.argmax(-1))
     assert ids[0].item() == 7
     expected = logits.log_softmax(-1).gather(1, ids[:, None])[:, 0]
-    # log_softmax's float32 sum over 49,152 terms drifts by ~1e-6 (the kernel sums in double)
-    torch.testing.assert_close(logprobs, expected, rtol=0, atol=1e-5)
+    # log_softmax's float32 sum over 49,152 terms drifts by ~1e-6 with AVX-512's 16 lanes and by up to ~1e-5
+    # with AVX2's 8 (the kernel sums in double, held to the float64 truth below)
+    torch.testing.assert_close(logprobs, expected, rtol=0, atol=2e-5)
     exact = logits.double().log_softmax(-1).gather(1, ids[:, None])[:, 0]
     torch.testing.assert_close(logprobs.double(), exact, rtol=0, atol=1e-6)
 
