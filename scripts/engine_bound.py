@@ -3,8 +3,10 @@
     python scripts/engine_bound.py [--batch 32] [--context 256] [--dtype bfloat16] [--threads 2]
 
 Measures the DRAM read bandwidth (a sum over a tensor far larger than the caches) and the GEMM rate
-(square bf16/float32 matmuls at 2048, the best the cores reach, and the model's own projections at
-`--batch` rows), computes the step's bound from them (tgictl/runtime/profile/step_bound.py: the bytes
+(square matmuls at 2048, the best the cores reach: torch's in the dtype, or in float32 where that is
+faster, since a CPU without bf16 math multiplies bf16 at most at its float32 FMA rate (AVX2: torch's bf16
+matmul is a generic loop there); and the model's own projections at `--batch` rows, through the shard's
+linear), computes the step's bound from them (tgictl/runtime/profile/step_bound.py: the bytes
 it must stream and the FLOPs it must do), then times the real served step (ModelRunner.generate_token
 on a decode batch, scripts/perf_decode.py's setup) and prints the ratio bound / measured.
 Not a test: figures depend on the machine and its load (printed with them).
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from perf_decode import DEFAULT_MODEL, decode_batch  # noqa: E402
 
+from tgictl.kernels.linear import linear  # noqa: E402
 from tgictl.runtime.profile.budgets import ModelShape, model_shape  # noqa: E402
 from tgictl.runtime.profile.hardware import measure_matmul_flops  # noqa: E402
 from tgictl.runtime.profile.step_bound import decode_step_bound  # noqa: E402
@@ -45,7 +48,8 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
 
 def model_gemm_rate(shape: ModelShape, rows: int, dtype: torch.dtype, repeats: int = 5) -> float:
     """FLOP/s of the step's weight matmuls at `rows` rows: one layer's projections (timed once,
-    counted num_layers times) and the LM head, with torch's linear (what the shard calls)."""
+    counted num_layers times) and the LM head, with the shard's linear (kernels/linear.py) on the plain
+    weights."""
     h, d = shape.hidden_size, shape.head_dim
     layer = [((shape.num_heads + 2 * shape.num_kv_heads) * d, h), (h, shape.num_heads * d),
              (2 * shape.intermediate_size, h), (h, shape.intermediate_size)]
@@ -58,7 +62,7 @@ def model_gemm_rate(shape: ModelShape, rows: int, dtype: torch.dtype, repeats: i
         for _ in range(repeats + 1):
             start = time.perf_counter()
             for x, w in zip(inputs, weights):
-                torch.nn.functional.linear(x, w)
+                linear(x, w)
             times.append(time.perf_counter() - start)
         return sum(2 * rows * w.numel() for w in weights), statistics.median(times[1:])
 
@@ -83,7 +87,10 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     bandwidth = read_bandwidth()
-    peak = measure_matmul_flops(args.dtype, size=2048, seconds=0.3, repeats=3).flops_per_s
+    in_dtype = measure_matmul_flops(args.dtype, size=2048, seconds=0.3, repeats=3).flops_per_s
+    in_float32 = in_dtype if dtype == torch.float32 else \
+        measure_matmul_flops("float32", size=2048, seconds=0.3, repeats=3).flops_per_s
+    peak = max(in_dtype, in_float32)
     at_batch = model_gemm_rate(shape, args.batch, dtype)
     bound = decode_step_bound(shape, batch=args.batch, context=args.context, dtype_bytes=dtype.itemsize,
                               bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=peak)
@@ -102,8 +109,8 @@ def main() -> None:
     step = statistics.median(times[2:])
     load = max(load_before, os.getloadavg()[0])
     print(f"machine: {torch.get_num_threads()} threads, load {load:.2f}; DRAM read {bandwidth / 1e9:.1f} GB/s; "
-          f"{args.dtype} GEMM {peak / 1e9:.0f} GFLOP/s at 2048^3, {at_batch / 1e9:.0f} GFLOP/s at the model's "
-          f"shapes with {args.batch} rows")
+          f"{args.dtype} GEMM {in_dtype / 1e9:.0f} GFLOP/s at 2048^3 (float32 {in_float32 / 1e9:.0f}; the peak "
+          f"taken: {peak / 1e9:.0f}), {at_batch / 1e9:.0f} GFLOP/s at the model's shapes with {args.batch} rows")
     print(f"step of {args.batch} x {args.context} cached: streams {bound.weight_bytes / 1e6:.0f} MB weights + "
           f"{bound.kv_bytes / 1e6:.0f} MB KV -> {bound.memory_s * 1e3:.1f} ms; "
           f"{(bound.gemm_flops + bound.attention_flops) / 1e9:.2f} GFLOP -> {bound.compute_s * 1e3:.1f} ms at the peak "

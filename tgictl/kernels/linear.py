@@ -1,6 +1,7 @@
 """The one linear-layer entry point the shard's layers call: torch's matmul, or on CPU for a few rows the
 compiled matrix-vector kernel (kernels/native.py, csrc/small_linear.c) and, where the CPU has AMX, for
-decode-sized row counts (5-64) the AMX kernel on the weight as stored (csrc/amx_linear.c).
+decode-sized row counts (5-64) the AMX kernel on the weight as stored (csrc/amx_linear.c); on AVX2 CPUs
+where torch's bf16 matmul is its generic loop, every bf16 product of 5+ rows by FMA (csrc/fma_linear.c).
 
 Why: at one to a few rows a linear layer only streams its weights; torch's bf16 matmul reaches a
 fraction of the memory bandwidth there, and batch-1 decode spent most of its step in it. At 5-32 rows
@@ -53,6 +54,14 @@ def uses_amx(x: Tensor) -> bool:
         and SMALL_LINEAR_MAX_ROWS[torch.bfloat16] < x.shape[0] <= AMX_LINEAR_MAX_ROWS and amx_available()
 
 
+@functools.cache
+def fma_linear_available() -> bool:
+    """Whether this build has csrc/fma_linear.c's kernel: AVX2 CPUs on which torch's bf16 matmul is its generic
+    loop (~15 GFLOP/s on 2 Zen 3 cores at every row count; the kernel 50-95)."""
+    native = load_native_kernels()
+    return native is not None and bool(native.fma_linear_available())
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x: [rows, in] -> [rows, out] = x @ weight.T + bias, in x's dtype."""
     if x.device.type == "cpu" and (native := load_native_kernels()) is not None:
@@ -61,6 +70,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             out = native.small_linear(x, weight, bias)
         elif uses_amx(x):
             out = native.amx_linear(x, weight, bias)
+        elif x.dtype == torch.bfloat16 and fma_linear_available():
+            out = native.fma_linear(x, weight, bias)
         if out is not None:
             return out
     return F.linear(x, weight, bias)

@@ -79,6 +79,9 @@ class NativeKernels:
     amx_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     # Causal prefill attention in bf16 with AVX512-BF16 (csrc/prefill_attention_bf16.c).
     prefill_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # bf16 linears of 5+ rows by FMA on widened weights, where torch has no fast bf16 matmul (csrc/fma_linear.c).
+    fma_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
+    fma_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -114,6 +117,19 @@ class NativeKernels:
             return None
         n, k = weight.shape[0], x.shape[1]
         return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.amx_linear_bf16(
+            x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
+
+    def fma_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        """x [m, k] @ weight.T + bias by FMA for bf16 x and weight [n, k] (k a multiple of 16); [m, n] bf16.
+
+        None where this build has no such kernel (it is built only where torch's bf16 matmul is its generic
+        loop: AVX2 without AVX512-BW or AVX-NE-CONVERT) or the input does not fit (the caller takes torch's).
+        """
+        if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" \
+                or weight.device.type != "cpu" or not weight.is_contiguous() or x.dim() != 2:
+            return None
+        n, k = weight.shape[0], x.shape[1]
+        return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.fma_linear_bf16(
             x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
 
     def prefill_attention(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
@@ -239,6 +255,8 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_amx_linear_available": ([], c_int),
         "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_prefill_attention_bf16": ([p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int], c_int),
+        "tgictl_fma_linear_available": ([], c_int),
+        "tgictl_fma_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

@@ -48,9 +48,12 @@ int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const floa
                            int64_t n, int64_t k, int threads);
 int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int64_t group,
                              const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads);
+int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
+                           int64_t n, int64_t k, int threads);
 
 /* Up to this many rows the matrix-vector kernels (kernels/linear.py's SMALL_LINEAR_MAX_ROWS for bf16); above,
- * the many-row kernels: AMX on bf16 rows, the bf16-tile kernel on int4 (whose input width is then k_pad). */
+ * the many-row kernels: AMX on bf16 rows (FMA on AVX2 builds, which have no AMX: kernels/linear.py takes the
+ * same one), the bf16-tile kernel on int4 (whose input width is then k_pad). */
 #define MATRIX_VECTOR_MAX_ROWS 4
 
 /* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
@@ -79,7 +82,10 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
 static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
                   float *x32, float *y32, int threads) {
     if (m > MATRIX_VECTOR_MAX_ROWS) {
-        if (w->group == 0) return tgictl_amx_linear_bf16(x, (const uint16_t *)w->weight, NULL, y, m, n, k, threads);
+        if (w->group == 0)
+            return tgictl_amx_linear_bf16(x, (const uint16_t *)w->weight, NULL, y, m, n, k, threads) == 0
+                       ? 0
+                       : tgictl_fma_linear_bf16(x, (const uint16_t *)w->weight, NULL, y, m, n, k, threads);
         return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y, m, n,
                                         w->k_pad, threads);
     }

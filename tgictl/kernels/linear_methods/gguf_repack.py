@@ -1,5 +1,7 @@
-"""GGUF Q4_0 / Q4_1 blocks re-laid as int4 tiles at load, so torch's int4 kernel multiplies them
-(docs/architecture.md, "Weight formats").
+"""GGUF Q4_0 / Q4_1 blocks re-laid as int4 tiles at load, so the int4 kernels multiply them: torch's where its
+packing is ours (AVX-512 builds), the C ones (csrc/quant_linear.c, int4_bf16.c, int4_rows_bf16.c) everywhere,
+and the decode layers' C loop can run them (docs/architecture.md, "Weight formats"). On AVX2 (AMD Zen 3) the
+C int4 kernel is 3.4x gguf_linear.c's Q4_1 at one row and 1.2-1.7x at 16-32 rows on SmolLM2's shapes.
 
 Both types are 4-bit groups of 32 with one scale, which is int4's form W = (q - 8) * scale + zero:
     Q4_0: w = d (q - 8)   -> scale d, zero 0
@@ -22,6 +24,7 @@ from tgictl.kernels.linear_methods.base import LinearWeight
 from tgictl.kernels.linear_methods.gguf_types import block_f16, block_nibbles
 from tgictl.kernels.linear_methods.gguf_weight import GGUFWeight
 from tgictl.kernels.linear_methods.int4 import TILE_ROWS, Int4Weight, torch_layout_matches
+from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.log import get_logger
 
 log = get_logger(__name__)
@@ -31,9 +34,9 @@ REPACKED_TYPES: frozenset[str] = frozenset({"Q4_0", "Q4_1"})
 
 
 def repackable(weight: LinearWeight) -> bool:
-    """Whether `weight` is Q4_0/Q4_1 blocks that torch's int4 kernel can serve on this machine."""
+    """Whether `weight` is Q4_0/Q4_1 blocks that an int4 kernel (torch's or the C one) can serve here."""
     return (isinstance(weight, GGUFWeight) and weight.block_type.name in REPACKED_TYPES
-            and weight.data.device.type == "cpu" and torch_layout_matches())
+            and weight.data.device.type == "cpu" and (torch_layout_matches() or quant_kernels() is not None))
 
 
 def as_int4_tiles(weight: GGUFWeight) -> Int4Weight:
@@ -54,7 +57,7 @@ def as_int4_tiles(weight: GGUFWeight) -> Int4Weight:
 
 @functools.cache
 def _say_once(dtype: torch.dtype) -> None:
-    log.info("GGUF Q4_0/Q4_1 blocks are held as int4 tiles (group 32, scales in %s) for torch's int4 kernel",
+    log.info("GGUF Q4_0/Q4_1 blocks are held as int4 tiles (group 32, scales in %s) for the int4 kernels",
              str(dtype).removeprefix("torch."))
 
 

@@ -18,7 +18,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from tgictl.kernels import build_attention_metadata
 from tgictl.kernels.linear_methods import BLOCK_TYPES, DenseWeight, GGUFWeight, Int4Weight, StackedLinearWeight
 from tgictl.kernels.linear_methods.gguf_repack import REPACKED_TYPES
-from tgictl.kernels.linear_methods.int4 import torch_layout_matches
+from tgictl.kernels.prepacked import prepack
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.gguf_file import llama_row_order
@@ -94,13 +94,13 @@ def test_native_gguf_matches_transformers_gguf_load(case: str, gguf_files: Calla
     attention = model.layers[0].attention
     if case == "llama mixed types":
         assert isinstance(attention.qkv.weight, StackedLinearWeight)  # three block types: side by side
-        # one type (Q4_0): fused into one, as int4 tiles where torch's kernel reads them (gguf_repack.py)
-        assert isinstance(model.layers[0].mlp.gate_up.weight, Int4Weight if torch_layout_matches() else GGUFWeight)
+        # one type (Q4_0): fused into one, as int4 tiles for the int4 kernels (gguf_repack.py)
+        assert isinstance(model.layers[0].mlp.gate_up.weight, Int4Weight)
         assert isinstance(model.layers[0].mlp.down.weight, DenseWeight)  # F16: a float tensor
         assert isinstance(model.embed.weight, DenseWeight)  # Q5_0 has no native kernel: dequantized
         assert isinstance(model.lm_head.weight, GGUFWeight) and model.lm_head.weight is not model.embed.weight
     else:
-        repacked = any(t in case for t in REPACKED_TYPES) and torch_layout_matches()
+        repacked = any(t in case for t in REPACKED_TYPES)
         assert isinstance(attention.qkv.weight, Int4Weight if repacked else GGUFWeight)
         assert isinstance(model.embed.weight, Int4Weight if repacked else GGUFWeight)
 
@@ -133,7 +133,9 @@ def test_a_gguf_lm_head_gets_a_bf16_copy_for_many_rows(gguf_files: Callable[[str
     model = load_model(gguf_model_dir(gguf_files("llama Q8_0"), tmp_path / "cache"), dtype=torch.bfloat16, device=CPU,
                        dist=DistContext.single())
     head = model.lm_head.weight
-    assert isinstance(head, GGUFWeight) and head.onednn_weight is not None
+    # where oneDNN cannot pack bf16 (AVX2 without AVX512-BW: no bf16 GEMM there), no copy is made
+    packs_here = prepack(torch.zeros(8, 32, dtype=torch.bfloat16)) is not None
+    assert isinstance(head, GGUFWeight) and (head.onednn_weight is not None) == packs_here
     assert head in packing_candidates(model)
     projections = [m for m in model.modules() if isinstance(m, GGUFWeight) and m is not head]
     assert projections and all(m.onednn_weight is None for m in projections)
