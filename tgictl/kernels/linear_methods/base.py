@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgictl.kernels.batch_invariance import batch_invariant, in_row_blocks
-from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
+from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS, fma_linear_available, linear
 from tgictl.kernels.linear_methods import dispatch
 from tgictl.kernels.prepacked import PACKED_MAX_ROWS, packed_linear, packed_rows, prepack
 
@@ -81,6 +81,10 @@ class LinearWeight(nn.Module, ABC):
     # A bf16 copy of W in oneDNN's blocked layout for the products of more rows than the matrix-vector
     # kernels serve (kernels/prepacked.py); set by prepack(), never a parameter or buffer.
     onednn_weight: Tensor | None = None
+    # Where oneDNN has no bf16 kernels to pack for (AVX2 CPUs without AVX512-BW), the plain bf16 [out, in]
+    # dequantization instead, which csrc/fma_linear.c multiplies as stored (kernels/linear.py) at any row
+    # count above the matrix-vector range; set by prepack() like the packed copy, at the same cost in bytes.
+    plain_bf16_weight: Tensor | None = None
 
     def wants_packed_copy(self, policy: str) -> bool:
         """Whether this weight should get a packed copy under TGICTL_PREPACK_WEIGHTS=`policy` (before the
@@ -91,13 +95,19 @@ class LinearWeight(nn.Module, ABC):
         """Hold a packed bf16 copy of W (dense: the weight itself; other formats: their dequantization)."""
         if self.dtype != torch.bfloat16 or self.device.type != "cpu":
             return False
-        self.onednn_weight = prepack(self.dequantize().to(torch.bfloat16))
-        return self.onednn_weight is not None
+        weight = self.dequantize().to(torch.bfloat16)
+        self.onednn_weight = prepack(weight)
+        if self.onednn_weight is None and fma_linear_available() and self.in_features % 16 == 0:
+            self.plain_bf16_weight = weight.contiguous()
+        return self.onednn_weight is not None or self.plain_bf16_weight is not None
 
     def packed_matmul(self, x: Tensor, bias: Tensor | None) -> Tensor | None:
-        """x W^T + bias on the packed copy, or None where it does not serve x (no copy, not bf16, a row count
-        outside kernels/prepacked.py's decode range)."""
+        """x W^T + bias on the packed copy (or the plain bf16 one), or None where it does not serve x (no copy,
+        not bf16, a row count outside kernels/prepacked.py's decode range or, for the plain copy, up to 4)."""
         rows = x.shape[0]
+        if self.plain_bf16_weight is not None and x.dtype == torch.bfloat16 \
+                and rows > SMALL_LINEAR_MAX_ROWS[torch.bfloat16]:
+            return linear(x, self.plain_bf16_weight, bias)
         if self.onednn_weight is None or x.dtype != torch.bfloat16 \
                 or not SMALL_LINEAR_MAX_ROWS[torch.bfloat16] < rows <= PACKED_MAX_ROWS:
             return None
@@ -140,8 +150,9 @@ def reference_linear(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Te
 
 
 def dequant_linear(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor:
-    """Dequantize into x's dtype, then torch's matmul (for many rows, where the rebuild is amortised)."""
-    return F.linear(x, weight.dequantize().to(device=x.device, dtype=x.dtype), bias)
+    """Dequantize into x's dtype, then the shard's matmul (kernels/linear.py: torch's, or the C kernels where
+    torch's is slow) for many rows, where the rebuild is amortised."""
+    return linear(x, weight.dequantize().to(device=x.device, dtype=x.dtype), bias)
 
 
 COMMON_BACKENDS: Mapping[str, LinearFn] = MappingProxyType({"reference": reference_linear, "dequant": dequant_linear})

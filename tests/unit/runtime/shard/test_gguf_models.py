@@ -18,6 +18,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from tgictl.kernels import build_attention_metadata
 from tgictl.kernels.linear_methods import BLOCK_TYPES, DenseWeight, GGUFWeight, Int4Weight, StackedLinearWeight
 from tgictl.kernels.linear_methods.gguf_repack import REPACKED_TYPES
+from tgictl.kernels.linear import fma_linear_available, linear
 from tgictl.kernels.prepacked import prepack
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.shard.dist import DistContext
@@ -133,11 +134,17 @@ def test_a_gguf_lm_head_gets_a_bf16_copy_for_many_rows(gguf_files: Callable[[str
     model = load_model(gguf_model_dir(gguf_files("llama Q8_0"), tmp_path / "cache"), dtype=torch.bfloat16, device=CPU,
                        dist=DistContext.single())
     head = model.lm_head.weight
-    # where oneDNN cannot pack bf16 (AVX2 without AVX512-BW: no bf16 GEMM there), no copy is made
+    # where oneDNN cannot pack bf16 (AVX2 without AVX512-BW: no bf16 GEMM there) the copy is the plain
+    # dequantization, for csrc/fma_linear.c
     packs_here = prepack(torch.zeros(8, 32, dtype=torch.bfloat16)) is not None
     assert isinstance(head, GGUFWeight) and (head.onednn_weight is not None) == packs_here
+    assert (head.plain_bf16_weight is not None) == (not packs_here and fma_linear_available())
+    if head.plain_bf16_weight is not None:
+        assert torch.equal(head.plain_bf16_weight, head.dequantize().bfloat16())
     assert head in packing_candidates(model)
     projections = [m for m in model.modules() if isinstance(m, GGUFWeight) and m is not head]
-    assert projections and all(m.onednn_weight is None for m in projections)
+    assert projections and all(m.onednn_weight is None and m.plain_bf16_weight is None for m in projections)
     x = torch.randn(9, head.in_features).to(torch.bfloat16)  # 9 rows: the packed copy
     torch.testing.assert_close(head(x).float(), (x.float() @ head.dequantize().t()), atol=0.05, rtol=0.02)
+    if head.plain_bf16_weight is not None:  # the plain copy's product is kernels/linear.py's on it
+        assert torch.equal(head(x), linear(x, head.plain_bf16_weight))
