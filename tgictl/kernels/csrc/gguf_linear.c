@@ -152,6 +152,37 @@ static inline v16f widen_i8(const int8_t *p) {
     return v;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* AVX2: the 16-float vectors above live in two registers each and went through memory on every widening (the
+ * LM head at one row: 3.6 GB/s on Zen 3); here a block is four 8-float vectors, its products with an input row
+ * summed in one register, scaled into the row's sums. */
+static inline float sum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, const float *x, int64_t k, int M,
+                                                            float out[Q8_XROWS]) {
+    __m256 acc[Q8_XROWS];
+    for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k / QK; b++) {
+        const uint8_t *block = w + b * Q8_0_BYTES;
+        __builtin_prefetch(block + 2 * (k / QK) * Q8_0_BYTES, 0, 1);
+        __m256 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(block + 2 + 8 * j))));
+        const __m256 d = _mm256_set1_ps(load_fp16(block));
+        for (int i = 0; i < M; i++) {
+            const float *xb = x + i * k + b * QK;
+            __m256 s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+            for (int j = 1; j < 4; j++) s = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), s);
+            acc[i] = _mm256_fmadd_ps(d, s, acc[i]);
+        }
+    }
+    for (int i = 0; i < M; i++) out[i] = sum8(acc[i]);
+}
+#else
 static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, const float *x, int64_t k, int M,
                                                             float out[Q8_XROWS]) {
     v16f acc[Q8_XROWS];
@@ -166,6 +197,7 @@ static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, con
     }
     for (int i = 0; i < M; i++) out[i] = sum_v16f(acc[i]);
 }
+#endif
 
 static void qlinear_q8_0(const float *x, const uint8_t *w, int64_t row_bytes, const float *bias, float *y, int64_t m,
                          int64_t n, int64_t k, int threads) {
