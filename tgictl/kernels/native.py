@@ -112,12 +112,7 @@ class NativeKernels:
 
         None where this CPU, build or process has no AMX, or the input does not fit (the caller takes oneDNN).
         """
-        if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" \
-                or weight.device.type != "cpu" or not weight.is_contiguous() or x.dim() != 2:
-            return None
-        n, k = weight.shape[0], x.shape[1]
-        return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.amx_linear_bf16(
-            x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
+        return _bf16_weight_product(self.amx_linear_bf16, x, weight, bias)
 
     def fma_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x [m, k] @ weight.T + bias by FMA for bf16 x and weight [n, k] (k a multiple of 16); [m, n] bf16.
@@ -125,12 +120,7 @@ class NativeKernels:
         None where this build has no such kernel (it is built only where torch's bf16 matmul is its generic
         loop: AVX2 without AVX512-BW or AVX-NE-CONVERT) or the input does not fit (the caller takes torch's).
         """
-        if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" \
-                or weight.device.type != "cpu" or not weight.is_contiguous() or x.dim() != 2:
-            return None
-        n, k = weight.shape[0], x.shape[1]
-        return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.fma_linear_bf16(
-            x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
+        return _bf16_weight_product(self.fma_linear_bf16, x, weight, bias)
 
     def prefill_attention(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                           cache_len: int, scale: float) -> Tensor | None:
@@ -176,6 +166,17 @@ class NativeKernels:
                     context_lens.data_ptr(), n, max_len, heads, kv_heads, d, scale,
                     0.0 if softcap is None else softcap, out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
+
+
+def _bf16_weight_product(kernel: Callable[..., int], x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """x [m, k] @ weight.T + bias by a C kernel taking (x, weight, bias, y, m, n, k, threads) on bf16 x and a
+    bf16 weight [n, k] on the CPU; None where the inputs are not that or the kernel declines."""
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" \
+            or weight.device.type != "cpu" or not weight.is_contiguous() or x.dim() != 2:
+        return None
+    n, k = weight.shape[0], x.shape[1]
+    return bf16_product(x, n, bias, lambda x_ptr, bias_ptr, y_ptr, m: kernel(
+        x_ptr, weight.data_ptr(), bias_ptr, y_ptr, m, n, k, torch.get_num_threads()))
 
 
 def bf16_product(x: Tensor, n: int, bias: Tensor | None,

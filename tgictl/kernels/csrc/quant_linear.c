@@ -174,16 +174,7 @@ static inline __attribute__((always_inline)) void int4_tile_vec(
         for (int v = 0; v < 4; v++) memcpy(&out[r][16 * v], &total[r][v], sizeof total[r][v]);
 }
 
-static void int4_tile_rows(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16,
-                           int64_t group, int64_t groups, int64_t n_pad, int64_t row0, int64_t rows, int64_t k,
-                           float out[ROW_TILE][TILE]) {
-    switch (rows) { /* constant row counts: the sums stay in registers */
-    case 1: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 1, k, out); break;
-    case 2: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 2, k, out); break;
-    case 3: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 3, k, out); break;
-    default: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 4, k, out); break;
-    }
-}
+#define HAVE_INT4_TILE_VEC 1
 #elif defined(__AVX2__) && defined(__FMA__)
 /* int4_tile for AVX2 (AMD Zen 2/3 and older Intel): the generic loop went through a float row in memory and
  * ran compute-bound at ~7 G weights/s on 2 Zen 3 cores (a quarter of the bf16 matrix-vector kernel's speed).
@@ -248,6 +239,10 @@ static inline __attribute__((always_inline)) void int4_tile_vec(
     }
 }
 
+#define HAVE_INT4_TILE_VEC 1
+#endif
+
+#if defined(HAVE_INT4_TILE_VEC)
 static void int4_tile_rows(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16,
                            int64_t group, int64_t groups, int64_t n_pad, int64_t row0, int64_t rows, int64_t k,
                            float out[ROW_TILE][TILE]) {
