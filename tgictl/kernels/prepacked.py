@@ -91,5 +91,6 @@ def prepack_weights(weights: Sequence[LinearWeight]) -> int:
         return 0
     done = sum(w.out_features * w.in_features * 2 for w in weights if w.prepack())
     if done:
-        log.info("bf16 weights prepacked for oneDNN's matmuls of 5+ rows: %.1f MiB more memory", done / 2**20)
+        log.info("bf16 copies of weights for the matmuls of 5+ rows (oneDNN's packed layout, or plain for the FMA "
+                 "kernel where oneDNN has no bf16): %.1f MiB more memory", done / 2**20)
     return done
