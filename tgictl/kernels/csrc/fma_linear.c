@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "avx2.h"
 #include "bf16.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512BW__) && !defined(__AVXNECONVERT__)
@@ -37,12 +38,6 @@ int tgictl_fma_linear_available(void) {
 }
 
 #if defined(HAVE_FMA_LINEAR)
-static inline float sum8(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
 /* out[a][b] = sum over k of x row a times weight row b, for mr x nr rows (constants where it is inlined). */
 static inline __attribute__((always_inline)) void tile(const float *xs, const uint16_t *w, int64_t k, int mr,
                                                        int nr, float out[MR][NR]) {

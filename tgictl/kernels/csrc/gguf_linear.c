@@ -21,6 +21,7 @@
 #endif
 
 #include "amx.h"
+#include "avx2.h"
 #include "fp16.h"
 #include "vec16.h"
 
@@ -156,12 +157,6 @@ static inline v16f widen_i8(const int8_t *p) {
 /* AVX2: the 16-float vectors above live in two registers each and went through memory on every widening (the
  * LM head at one row: 3.6 GB/s on Zen 3); here a block is four 8-float vectors, its products with an input row
  * summed in one register, scaled into the row's sums. */
-static inline float sum8(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
 static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, const float *x, int64_t k, int M,
                                                             float out[Q8_XROWS]) {
     __m256 acc[Q8_XROWS];
