@@ -33,13 +33,113 @@ static inline float round_f32(float x) { return x; }
 static inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 static inline float store_f32(float x) { return x; }
 
-#define DEFINE_RMSNORM(NAME, T, LOAD, STORE, ROUND)                                                      \
+/* bf16 rows in explicit AVX-512 vectors, 32 values per step as their even and odd elements (no shuffles), with
+ * the generic loops' formulas and roundings; they return 0 (the caller takes the generic loop) where the row is
+ * not a multiple of 32 or the build has no AVX-512. At 1,000 rows the generic SiLU*mul took 0.72 ms per
+ * layer on 2 Xeon cores (the bf16 conversions kept it from vectorising well). */
+static inline int no_vector_row(const float *g, const float *u, float *o, int64_t inter) {
+    (void)g, (void)u, (void)o, (void)inter;
+    return 0;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#include "exp512.h"
+
+static inline __m512 even_bf16(__m512i u) { return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)); }
+static inline __m512 odd_bf16(__m512i u) {
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* x rounded to the nearest bf16 (ties to even; NaN stays a quiet NaN), in the top half of each lane. */
+static inline __m512i round_bits(__m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_and_si512(_mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000)),
+                            _mm512_set1_epi32((int)0xFFFF0000u));
+}
+
+static inline __m512 round_v(__m512 x) { return _mm512_castsi512_ps(round_bits(x)); }
+
+/* Even results' bf16 in the low halves, odd ones' in the high halves: 32 bf16 values in order. */
+static inline __m512i pack_even_odd(__m512 even, __m512 odd) {
+    return _mm512_or_si512(_mm512_srli_epi32(round_bits(even), 16), round_bits(odd));
+}
+
+static inline __m512 silu_v(__m512 g) {
+    const __m512 e = exp_nonpositive_v(_mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000u)))); /* e^-|g| */
+    const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return _mm512_div_ps(_mm512_mask_mul_ps(g, negative, g, e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+static inline int silu_mul_row_bf16_vector(const uint16_t *g, const uint16_t *u, uint16_t *o, int64_t inter) {
+    if (inter % 32 != 0) return 0;
+    for (int64_t j = 0; j < inter; j += 32) {
+        const __m512i gv = _mm512_loadu_si512(g + j), uv = _mm512_loadu_si512(u + j);
+        const __m512 even = _mm512_mul_ps(round_v(silu_v(even_bf16(gv))), even_bf16(uv));
+        const __m512 odd = _mm512_mul_ps(round_v(silu_v(odd_bf16(gv))), odd_bf16(uv));
+        _mm512_storeu_si512(o + j, pack_even_odd(even, odd));
+    }
+    return 1;
+}
+
+/* One row: [s = x + delta rounded, written to sum_out,] out = w * round(s * rsqrt(mean(s^2) + eps)). */
+static inline int rmsnorm_row_bf16_vector(const uint16_t *x, const uint16_t *delta, uint16_t *sum_out,
+                                          const uint16_t *weight, uint16_t *o, int64_t dim, float eps) {
+    if (dim % 32 != 0) return 0;
+    __m512 squares = _mm512_setzero_ps();
+    if (delta != NULL) {
+        for (int64_t j = 0; j < dim; j += 32) {
+            const __m512i xv = _mm512_loadu_si512(x + j), dv = _mm512_loadu_si512(delta + j);
+            const __m512 even = round_v(_mm512_add_ps(even_bf16(xv), even_bf16(dv)));
+            const __m512 odd = round_v(_mm512_add_ps(odd_bf16(xv), odd_bf16(dv)));
+            _mm512_storeu_si512(sum_out + j, pack_even_odd(even, odd));
+            squares = _mm512_fmadd_ps(odd, odd, _mm512_fmadd_ps(even, even, squares));
+        }
+        x = sum_out;
+    } else {
+        for (int64_t j = 0; j < dim; j += 32) {
+            const __m512i xv = _mm512_loadu_si512(x + j);
+            const __m512 even = even_bf16(xv), odd = odd_bf16(xv);
+            squares = _mm512_fmadd_ps(odd, odd, _mm512_fmadd_ps(even, even, squares));
+        }
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)dim + eps));
+    for (int64_t j = 0; j < dim; j += 32) {
+        const __m512i xv = _mm512_loadu_si512(x + j), wv = _mm512_loadu_si512(weight + j);
+        const __m512 even = _mm512_mul_ps(even_bf16(wv), round_v(_mm512_mul_ps(even_bf16(xv), inv)));
+        const __m512 odd = _mm512_mul_ps(odd_bf16(wv), round_v(_mm512_mul_ps(odd_bf16(xv), inv)));
+        _mm512_storeu_si512(o + j, pack_even_odd(even, odd));
+    }
+    return 1;
+}
+#else
+static inline int silu_mul_row_bf16_vector(const uint16_t *g, const uint16_t *u, uint16_t *o, int64_t inter) {
+    (void)g, (void)u, (void)o, (void)inter;
+    return 0;
+}
+
+static inline int rmsnorm_row_bf16_vector(const uint16_t *x, const uint16_t *delta, uint16_t *sum_out,
+                                          const uint16_t *weight, uint16_t *o, int64_t dim, float eps) {
+    (void)x, (void)delta, (void)sum_out, (void)weight, (void)o, (void)dim, (void)eps;
+    return 0;
+}
+#endif
+
+#define DEFINE_RMSNORM(NAME, T, LOAD, STORE, ROUND, VECTOR_ROW)                                          \
     void NAME(const T *x, const T *delta, T *sum_out, const T *weight, T *out, int64_t rows, int64_t dim, \
               float eps, int threads) {                                                                  \
         _Pragma("omp parallel for num_threads(threads) if (rows * dim >= PARALLEL_MIN_ELEMENTS)")        \
         for (int64_t r = 0; r < rows; r++) {                                                             \
             const T *xr = x + r * dim;                                                                   \
             T *o = out + r * dim;                                                                        \
+            if (VECTOR_ROW(xr, delta == NULL ? NULL : delta + r * dim,                                   \
+                           delta == NULL ? NULL : sum_out + r * dim, weight, o, dim, eps))               \
+                continue;                                                                                \
             float squares = 0.0f;                                                                        \
             if (delta != NULL) {                                                                         \
                 const T *dr = delta + r * dim;                                                           \
@@ -60,7 +160,7 @@ static inline float store_f32(float x) { return x; }
         }                                                                                                \
     }
 
-DEFINE_RMSNORM(tgictl_rmsnorm_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
+DEFINE_RMSNORM(tgictl_rmsnorm_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16, rmsnorm_row_bf16_vector)
 
 /* silu(g) = g / (1 + e^-g), with e^-|g| so the exponential never overflows:
  * g >= 0: g / (1 + e^-g); g < 0: g e^g / (1 + e^g). */
@@ -69,19 +169,20 @@ static inline float silu(float g) {
     return (g >= 0.0f ? g : g * e) / (1.0f + e);
 }
 
-#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND)                                                     \
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND, VECTOR_ROW)                                         \
     void NAME(const T *gate_up, T *out, int64_t rows, int64_t inter, int threads) {                      \
         _Pragma("omp parallel for num_threads(threads) if (rows * inter >= PARALLEL_MIN_ELEMENTS)")      \
         for (int64_t r = 0; r < rows; r++) {                                                             \
             const T *g = gate_up + r * 2 * inter, *u = g + inter;                                        \
             T *o = out + r * inter;                                                                      \
+            if (VECTOR_ROW(g, u, o, inter)) continue;                                                    \
             _Pragma("omp simd") for (int64_t j = 0; j < inter; j++)                                      \
                 o[j] = STORE(ROUND(silu(LOAD(g[j]))) * LOAD(u[j]));                                      \
         }                                                                                                \
     }
 
-DEFINE_SILU_MUL(tgictl_silu_mul_f32, float, load_f32, store_f32, round_f32)
-DEFINE_SILU_MUL(tgictl_silu_mul_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
+DEFINE_SILU_MUL(tgictl_silu_mul_f32, float, load_f32, store_f32, round_f32, no_vector_row)
+DEFINE_SILU_MUL(tgictl_silu_mul_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16, silu_mul_row_bf16_vector)
 
 /* One head of `d` values: first half x1*c - x2*s, second half x2*c + x1*s, each product rounded. */
 #define DEFINE_ROTATE(NAME, T, LOAD, STORE, ROUND)                                                       \
