@@ -95,17 +95,19 @@ def rotary_store_kv(qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, key_ca
 
 
 def greedy(logits: Tensor) -> tuple[Tensor, Tensor] | None:
-    """(argmax [B] int64, its log_softmax value [B] float32) of float32 logits [B, V] without the
-    [B, V] log_softmax: the first maximum (torch's tie rule) and -log(sum(exp(x - max))).
+    """(argmax [B] int64, its log_softmax value [B] float32) of float32 or bf16 logits [B, V] without the
+    [B, V] log_softmax: the first maximum (torch's tie rule) and -log(sum(exp(x - max))), in float32 on
+    the values as given (bf16 widens exactly: the same results as on logits.float(), without the copy).
 
     None when it cannot run natively or a row holds NaN or an infinite maximum (torch decides those).
     """
     native = _native_for(logits)
-    if native is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.shape[1] == 0:
+    if native is None or logits.dtype not in (torch.float32, torch.bfloat16) or logits.dim() != 2 \
+            or logits.shape[1] == 0:
         return None
     rows, vocab = logits.shape
     ids = torch.empty(rows, dtype=torch.int64)
     logprobs = torch.empty(rows, dtype=torch.float32)
-    unsettled = native.greedy_f32(logits.data_ptr(), rows, vocab, ids.data_ptr(), logprobs.data_ptr(),
-                                  torch.get_num_threads())
+    kernel = native.greedy_f32 if logits.dtype == torch.float32 else native.greedy_bf16
+    unsettled = kernel(logits.data_ptr(), rows, vocab, ids.data_ptr(), logprobs.data_ptr(), torch.get_num_threads())
     return (ids, logprobs) if unsettled == 0 else None

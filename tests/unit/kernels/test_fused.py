@@ -120,7 +120,8 @@ def test_inputs_the_kernels_do_not_take_fall_back_to_torch() -> None:
     bf16 = torch.randn(64, 4, dtype=torch.bfloat16)
     assert fused.rms_norm(bf16.t(), torch.ones(64, dtype=torch.bfloat16), 1e-5) is None  # not contiguous
     assert fused.silu_mul(torch.randn(3, 7)) is None  # odd width: not a gate|up pair
-    assert fused.greedy(torch.randn(3, 10, dtype=torch.bfloat16)) is None
+    assert fused.greedy(torch.randn(3, 10, dtype=torch.float16)) is None
+    assert fused.greedy(torch.randn(10, 3).t()) is None  # not contiguous
     qkv, cos, sin, slots = _rotary_case(torch.float32, 3, 4, 2, 8)
     narrow = torch.zeros(8, 4, 2, 8, dtype=torch.bfloat16)  # a cache of another dtype: store_kv casts
     assert fused.rotary_store_kv(qkv, cos, sin, slots, narrow, narrow.clone(), 4, 2) is None
@@ -144,9 +145,25 @@ def test_greedy_equals_argmax_and_log_softmax(rows: int) -> None:
     torch.testing.assert_close(logprobs.double(), exact, rtol=0, atol=1e-6)
 
 
-def test_greedy_leaves_rows_with_nan_or_infinity_to_torch() -> None:
-    logits = torch.randn(3, 100)
+@pytest.mark.parametrize("rows", [1, 32])
+def test_greedy_on_bf16_logits_equals_it_on_their_float32_values(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows + 1)
+    logits = (torch.randn(rows, 49152, generator=gen) * 5).to(torch.bfloat16)  # bf16: ties are common
+    logits[-1, 3] = logits[-1, 9000] = logits[-1].max()
+    bf16, f32 = fused.greedy(logits), fused.greedy(logits.float())
+    assert bf16 is not None and f32 is not None
+    assert torch.equal(bf16[0], f32[0]) and torch.equal(bf16[0], logits.float().argmax(-1))
+    assert bf16[0][-1].item() == 3
+    assert torch.equal(bf16[1], f32[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_leaves_rows_with_nan_or_infinity_to_torch(dtype: torch.dtype) -> None:
+    logits = torch.randn(3, 100).to(dtype)
     logits[1, 5] = float("nan")
     assert fused.greedy(logits) is None
     logits[1, 5] = float("inf")
     assert fused.greedy(logits) is None
+    logits[1, 5] = float("-inf")  # a -inf logit is a token that cannot be chosen, not a NaN row
+    greedy = fused.greedy(logits)
+    assert greedy is not None and torch.equal(greedy[0], logits.float().argmax(-1))

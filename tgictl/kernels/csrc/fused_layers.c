@@ -222,34 +222,39 @@ DEFINE_ROTATE(rotate_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
 DEFINE_ROTARY_STORE(tgictl_rotary_store_f32, float, rotate_f32)
 DEFINE_ROTARY_STORE(tgictl_rotary_store_bf16, uint16_t, rotate_bf16)
 
-/* Greedy choice and its log-probability for logits [rows, vocab] float32: ids[r] = the first index
- * of the row's maximum (torch.argmax's tie rule), logprobs[r] = -log(sum_j e^(x_j - max)), the
- * chosen token's log_softmax value (x_chosen - max = 0). Rows holding a NaN are left to the caller:
- * returns their count, ids and logprobs of those rows unset. */
-int64_t tgictl_greedy_f32(const float *logits, int64_t rows, int64_t vocab, int64_t *ids, float *logprobs,
-                          int threads) {
-    int64_t with_nan = 0;
-    _Pragma("omp parallel for num_threads(threads) reduction(+ : with_nan) if (rows * vocab >= 4 * PARALLEL_MIN_ELEMENTS)")
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = logits + r * vocab;
-        float best = x[0];
-        int64_t at = 0;
-        int nan = x[0] != x[0];
-        for (int64_t j = 1; j < vocab; j++) {
-            nan |= x[j] != x[j];
-            if (x[j] > best) {
-                best = x[j];
-                at = j;
-            }
-        }
-        if (nan || isinf(best)) { /* NaN rows, and +-inf maxima (inf - inf), take torch's path */
-            with_nan++;
-            continue;
-        }
-        double sum = 0.0; /* in double: 50k float32 terms would otherwise drift by tens of ulps */
-        _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < vocab; j++) sum += exp_nonpositive(x[j] - best);
-        ids[r] = at;
-        logprobs[r] = (float)-log(sum);
+/* Greedy choice and its log-probability for logits [rows, vocab] (float32, or bf16 as the LM head wrote them:
+ * widening is exact, so the bf16 version skips a [rows, vocab] float32 copy and gives the same results):
+ * ids[r] = the first index of the row's maximum (torch.argmax's tie rule), logprobs[r] = -log(sum_j e^(x_j -
+ * max)), the chosen token's log_softmax value (x_chosen - max = 0). The maximum is found by a vectorised pass,
+ * then its first index. Rows holding a NaN are left to the caller: returns their count, ids and logprobs of
+ * those rows unset. */
+#define DEFINE_GREEDY(NAME, T, LOAD)                                                                     \
+    int64_t NAME(const T *logits, int64_t rows, int64_t vocab, int64_t *ids, float *logprobs, int threads) { \
+        int64_t with_nan = 0;                                                                            \
+        _Pragma("omp parallel for num_threads(threads) reduction(+ : with_nan) if (rows * vocab >= 4 * PARALLEL_MIN_ELEMENTS)") \
+        for (int64_t r = 0; r < rows; r++) {                                                             \
+            const T *x = logits + r * vocab;                                                             \
+            float best = -INFINITY;                                                                      \
+            int nan = 0;                                                                                 \
+            _Pragma("omp simd reduction(max : best) reduction(| : nan)") for (int64_t j = 0; j < vocab; j++) { \
+                const float v = LOAD(x[j]);                                                              \
+                nan |= v != v;                                                                           \
+                best = v > best ? v : best;                                                              \
+            }                                                                                            \
+            if (nan || isinf(best)) { /* NaN rows, and +-inf maxima (inf - inf), take torch's path */    \
+                with_nan++;                                                                              \
+                continue;                                                                                \
+            }                                                                                            \
+            int64_t at = 0;                                                                              \
+            while (LOAD(x[at]) != best) at++;                                                            \
+            double sum = 0.0; /* in double: 50k float32 terms would otherwise drift by tens of ulps */   \
+            _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < vocab; j++)                   \
+                sum += exp_nonpositive(LOAD(x[j]) - best);                                               \
+            ids[r] = at;                                                                                 \
+            logprobs[r] = (float)-log(sum);                                                              \
+        }                                                                                                \
+        return with_nan;                                                                                 \
     }
-    return with_nan;
-}
+
+DEFINE_GREEDY(tgictl_greedy_f32, float, load_f32)
+DEFINE_GREEDY(tgictl_greedy_bf16, uint16_t, bf16_to_float)

@@ -119,10 +119,10 @@ class NextTokenChooser:
             raise GenerationError(
                 f"NextTokenChooser: logits shape {tuple(logits.shape)} != ({batch}, {self.vocab_size})"
             )
-        logits = logits.float()
         if self.fast_path and allowed is None and not distribution \
-                and (greedy := fused.greedy(logits)) is not None:
+                and (greedy := fused.greedy(logits)) is not None:  # on bf16 logits as they are: no float copy
             return ChooserOutput(next_ids=greedy[0], logprobs=greedy[1], log_probs=None)
+        logits = logits.float()
         log_probs = logits.log_softmax(dim=-1)  # [B, V] from the raw logits (module docstring)
         if allowed is not None:
             if allowed.shape != logits.shape:
