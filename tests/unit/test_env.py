@@ -121,15 +121,20 @@ def test_shard_library_defaults_leave_a_users_setting(monkeypatch: pytest.Monkey
     from tgictl.env import (
         ONEDNN_CACHE_VAR,
         SHARD_ONEDNN_CACHE_CAPACITY,
+        THP_VAR,
         apply_shard_library_defaults,
     )
 
     monkeypatch.delenv(ONEDNN_CACHE_VAR, raising=False)
+    monkeypatch.delenv(THP_VAR, raising=False)
     apply_shard_library_defaults()
     assert os.environ[ONEDNN_CACHE_VAR] == str(SHARD_ONEDNN_CACHE_CAPACITY)
+    assert os.environ[THP_VAR] == "1"
     monkeypatch.setenv(ONEDNN_CACHE_VAR, "500")
+    monkeypatch.setenv(THP_VAR, "0")
     apply_shard_library_defaults()
     assert os.environ[ONEDNN_CACHE_VAR] == "500"
+    assert os.environ[THP_VAR] == "0"
 
 
 @pytest.mark.parametrize(("raw", "policy"), [(None, "auto"), ("auto", "auto"), ("1", "on"), ("on", "on"),
