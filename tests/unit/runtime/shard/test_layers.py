@@ -103,4 +103,6 @@ def test_embedding_and_tied_head_at_one_rank() -> None:
     assert torch.equal(embedding(ids), weight[ids])
     hidden = _randn(2, 6, seed=2).to(torch.bfloat16)
     logits = ParallelLMHead(weight.to(torch.bfloat16), 12, SINGLE)(hidden)
-    assert logits.dtype == torch.float32 and logits.shape == (2, 12)
+    # the model's dtype: consumers widen what they use (bf16 -> float32 is exact)
+    assert logits.dtype == torch.bfloat16 and logits.shape == (2, 12)
+    assert torch.equal(logits, hidden @ weight.to(torch.bfloat16).T)
