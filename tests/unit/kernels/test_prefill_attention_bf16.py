@@ -19,8 +19,10 @@ from tgictl.kernels.native import _bind, _build, cpu_flags, load_native_kernels
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 HAS_BF16_DOT = "avx512_bf16" in cpu_flags().split()
 HAS_AMX = "amx_bf16" in cpu_flags().split()
-KERNELS = [pytest.param("prefill_bf16", marks=pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512-BF16")),
-           pytest.param("prefill_amx", marks=pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX"))]
+KERNELS = [
+    pytest.param("prefill_bf16", marks=pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512-BF16")),
+    pytest.param("prefill_amx", marks=pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")),
+]
 
 
 def _prefill(spec: CaseSpec, kernels=None, kernel: str | None = None) -> tuple[torch.Tensor | None, torch.Tensor,

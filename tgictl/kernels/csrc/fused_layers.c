@@ -228,10 +228,11 @@ DEFINE_ROTARY_STORE(tgictl_rotary_store_bf16, uint16_t, rotate_bf16)
  * max)), the chosen token's log_softmax value (x_chosen - max = 0). The maximum is found by a vectorised pass,
  * then its first index. Rows holding a NaN are left to the caller: returns their count, ids and logprobs of
  * those rows unset. */
+#define GREEDY_MIN (4 * PARALLEL_MIN_ELEMENTS) /* logits per call below which the rows run serially */
 #define DEFINE_GREEDY(NAME, T, LOAD)                                                                     \
     int64_t NAME(const T *logits, int64_t rows, int64_t vocab, int64_t *ids, float *logprobs, int threads) { \
         int64_t with_nan = 0;                                                                            \
-        _Pragma("omp parallel for num_threads(threads) reduction(+ : with_nan) if (rows * vocab >= 4 * PARALLEL_MIN_ELEMENTS)") \
+        _Pragma("omp parallel for num_threads(threads) reduction(+ : with_nan) if (rows * vocab >= GREEDY_MIN)") \
         for (int64_t r = 0; r < rows; r++) {                                                             \
             const T *x = logits + r * vocab;                                                             \
             float best = -INFINITY;                                                                      \

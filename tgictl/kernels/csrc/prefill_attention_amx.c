@@ -27,6 +27,7 @@
 
 #include "amx.h"
 #include "bf16.h"
+#include "prefill_attention.h"
 
 #if defined(HAVE_AMX)
 #include "exp512.h"
@@ -173,9 +174,7 @@ static inline __attribute__((always_inline)) void query_task(
 }
 #endif
 
-int tgictl_prefill_attention_amx(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
-                                 const int64_t *slots, int64_t cache_len, int64_t new_len, int64_t heads,
-                                 int64_t kv_heads, int64_t d, float scale, uint16_t *out, int threads) {
+int tgictl_prefill_attention_amx(PREFILL_ATTENTION_ARGS) {
 #if defined(HAVE_AMX)
     if ((d != 64 && d != 128) || heads % kv_heads != 0 || !amx_ready()) return -2;
     const int64_t keys = cache_len + new_len, steps = (keys + STEP - 1) / STEP;
@@ -219,8 +218,7 @@ int tgictl_prefill_attention_amx(const uint16_t *query, const uint16_t *key_cach
     free(kt);
     return failed ? -1 : 0;
 #else
-    (void)query, (void)key_cache, (void)value_cache, (void)slots, (void)cache_len, (void)new_len, (void)heads;
-    (void)kv_heads, (void)d, (void)scale, (void)out, (void)threads;
+    PREFILL_ATTENTION_UNUSED_ARGS();
     return -2;
 #endif
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "prefill_attention.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -156,9 +157,7 @@ static inline __attribute__((always_inline)) void query_block(
 }
 #endif
 
-int tgictl_prefill_attention_bf16(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
-                                  const int64_t *slots, int64_t cache_len, int64_t new_len, int64_t heads,
-                                  int64_t kv_heads, int64_t d, float scale, uint16_t *out, int threads) {
+int tgictl_prefill_attention_bf16(PREFILL_ATTENTION_ARGS) {
 #if defined(__AVX512BF16__)
     if ((d != 64 && d != 128) || heads % kv_heads != 0) return -2;
     const int64_t blocks = (new_len + QUERY_BLOCK - 1) / QUERY_BLOCK, tasks = blocks * kv_heads;
@@ -186,8 +185,7 @@ int tgictl_prefill_attention_bf16(const uint16_t *query, const uint16_t *key_cac
     }
     return failed ? -1 : 0;
 #else
-    (void)query, (void)key_cache, (void)value_cache, (void)slots, (void)cache_len, (void)new_len, (void)heads;
-    (void)kv_heads, (void)d, (void)scale, (void)out, (void)threads;
+    PREFILL_ATTENTION_UNUSED_ARGS();
     return -2;
 #endif
 }
