@@ -16,8 +16,9 @@
  *
  * Layouts (prefill_attention_bf16.c's): query, out [new_len, heads, d] bf16; caches [num_slots, kv_heads, d]
  * bf16; slots [cache_len + new_len] int64. Query row r sits at position cache_len + r. Returns 0; -1 when
- * scratch memory is refused; -2 where this build or process has no AMX or the shape (head size, heads not a
- * multiple of kv_heads) is not served here (the caller takes the AVX512-BF16 kernel).
+ * scratch memory is refused; -2 where this build or process has no AMX, the shape (head size, heads not a
+ * multiple of kv_heads) is not served here or the context's layout would exceed MAX_LAYOUT_BYTES (the caller
+ * takes the AVX512-BF16 kernel).
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -35,6 +36,10 @@
 #define ROWS 16        /* query rows per task: one tile's rows */
 #define STEP 64        /* keys per step: four score tiles of 16 keys, two p tiles of 32 */
 #define TILE_WORDS 256 /* 32-bit words in one 16 x 64-byte tile */
+/* The laid-out keys and values take 4 d bytes per key and KV head; a call that would need more than this
+ * (a long context: 16K keys of 8 KV heads of 128) is left to the AVX512-BF16 kernel, which lays out one block
+ * at a time, instead of holding that much scratch per layer. */
+#define MAX_LAYOUT_BYTES (64ll << 20)
 
 /* Tiles: 0, 1 (and 6, 7 for head size 128) the task's queries by 32 dimensions; 2 the keys or values; 3 the
  * float32 sums; 4, 5 the step's p for keys 0-31 and 32-63. */
@@ -180,6 +185,7 @@ int tgictl_prefill_attention_amx(PREFILL_ATTENTION_ARGS) {
     const int64_t keys = cache_len + new_len, steps = (keys + STEP - 1) / STEP;
     const int64_t key_groups = steps * (STEP / 16), value_groups = steps * (STEP / 32);
     const int64_t per_head = steps * STEP * d / 2; /* 32-bit words of one KV head's keys (the values' too) */
+    if (2 * kv_heads * per_head * (int64_t)sizeof(uint32_t) > MAX_LAYOUT_BYTES) return -2;
     uint32_t *kt = aligned_alloc(64, sizeof(uint32_t) * (size_t)(2 * kv_heads * per_head));
     if (kt == NULL) return -1;
     uint32_t *vi = kt + kv_heads * per_head;
