@@ -26,7 +26,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,24 +134,24 @@ class NativeKernels:
         Xeon), else AVX512-BF16. None where neither serves this build or shape (head size not 64 or 128,
         another dtype): the caller takes SDPA.
         """
-        for kernel in (self.prefill_amx, self.prefill_bf16):
-            out = self.prefill_attention_with(kernel, query, key_cache, value_cache, slots, cache_len, scale)
-            if out is not None:
-                return out
-        return None
+        return self.prefill_attention_with((self.prefill_amx, self.prefill_bf16), query, key_cache, value_cache,
+                                           slots, cache_len, scale)
 
-    def prefill_attention_with(self, kernel: Callable[..., int], query: Tensor, key_cache: Tensor,
+    def prefill_attention_with(self, kernels: Sequence[Callable[..., int]], query: Tensor, key_cache: Tensor,
                                value_cache: Tensor, slots: Tensor, cache_len: int, scale: float) -> Tensor | None:
-        """`prefill_attention` by one kernel (prefill_amx or prefill_bf16); None where it declines."""
+        """`prefill_attention` by the first of `kernels` (prefill_amx, prefill_bf16) that takes the call; None
+        where none does. Each writes all of `out` when it succeeds."""
         tensors = (query, key_cache, value_cache)
         if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
                 or slots.dtype != torch.int64 or not slots.is_contiguous():
             return None
         new_len, heads, d = query.shape
         out = torch.empty_like(query)
-        status = kernel(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slots.data_ptr(), cache_len,
-                        new_len, heads, key_cache.shape[2], d, scale, out.data_ptr(), torch.get_num_threads())
-        return out if status == 0 else None
+        for kernel in kernels:
+            if kernel(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slots.data_ptr(), cache_len,
+                      new_len, heads, key_cache.shape[2], d, scale, out.data_ptr(), torch.get_num_threads()) == 0:
+                return out
+        return None
 
     def paged_decode(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                      context_lens: Tensor, max_len: int, scale: float, softcap: float | None) -> Tensor | None:
@@ -244,6 +244,7 @@ def _bind(path: Path) -> NativeKernels:
     functions = []
     c_int, u64, f64 = ctypes.c_int, ctypes.c_uint64, ctypes.c_double
     decode = [p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, c_int]
+    prefill = [p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int]  # csrc/prefill_attention.h
     signatures = {
         "tgictl_shm_register": [p, c_int, i64],
         "tgictl_shm_all_reduce": [p, c_int, c_int, i64, u64, p, i64, c_int, f64],
@@ -268,8 +269,8 @@ def _bind(path: Path) -> NativeKernels:
                                        i64, f32, f32, p, c_int], c_int),
         "tgictl_amx_linear_available": ([], c_int),
         "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
-        "tgictl_prefill_attention_bf16": ([p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int], c_int),
-        "tgictl_prefill_attention_amx": ([p, p, p, p, i64, i64, i64, i64, i64, f32, p, c_int], c_int),
+        "tgictl_prefill_attention_bf16": (prefill, c_int),
+        "tgictl_prefill_attention_amx": (prefill, c_int),
         "tgictl_fma_linear_available": ([], c_int),
         "tgictl_fma_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
     }

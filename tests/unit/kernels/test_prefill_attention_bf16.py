@@ -35,7 +35,7 @@ def _prefill(spec: CaseSpec, kernels=None, kernel: str | None = None) -> tuple[t
     kernels = kernels if kernels is not None else load_native_kernels()
     args = (query, case.key_cache, case.value_cache, plan.slots, plan.cache_len, case.scale)
     native = kernels.prefill_attention(*args) if kernel is None \
-        else kernels.prefill_attention_with(getattr(kernels, kernel), *args)
+        else kernels.prefill_attention_with((getattr(kernels, kernel),), *args)
     sdpa = prefill_attention_torch(query, case.key_cache, case.value_cache, plan, case.scale)
     return native, sdpa, naive_attention(case)[plan.query_start : plan.query_end]
 
@@ -79,7 +79,7 @@ def test_prefill_attention_dispatches_to_the_kernel() -> None:
     (plan,) = case.meta.prefill
     query = case.query[plan.query_start : plan.query_end]
     kernels = load_native_kernels()
-    native = kernels.prefill_attention_with(kernels.prefill_amx if HAS_AMX else kernels.prefill_bf16, query,
+    native = kernels.prefill_attention_with((kernels.prefill_amx if HAS_AMX else kernels.prefill_bf16,), query,
                                             case.key_cache, case.value_cache, plan.slots, plan.cache_len, case.scale)
     assert native is not None
     assert torch.equal(prefill_attention(query, case.key_cache, case.value_cache, plan, case.scale), native)

@@ -88,12 +88,12 @@ static inline float softmax_row(const float *s, int64_t k0, int64_t limit, float
     }
     const float block_max = _mm512_reduce_max_ps(top);
     const float new_max = block_max > *m ? block_max : *m;
-    float rescale = 1.0f, sum = 0.0f;
     if (new_max == -INFINITY) { /* nothing visible yet (a padding row): p = 0 */
         memset(p, 0, sizeof(uint16_t) * STEP);
         return 1.0f;
     }
-    rescale = running_rescale(*m, new_max);
+    const float rescale = running_rescale(*m, new_max);
+    float sum = 0.0f;
     __m512 probs[4];
     for (int c = 0; c < 4; c++) {
         probs[c] = _mm512_maskz_mov_ps(visible[c], exp_nonpositive_v(_mm512_sub_ps(v[c], _mm512_set1_ps(new_max))));
