@@ -7,7 +7,8 @@ makes the same calls with the same arguments in the same order, so it returns th
 results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it to them).
 
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
-the many-row kernels run: AMX on bf16 weights (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4 tiles), in
+the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
+tiles), in
 bf16 on the CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says whether its
 layers have the plain shape (no biases, no q/k norms, no softcap; projections dense bf16 or int4 tiles, i.e.
 --quantize int4 and a GGUF's Q4_0 / Q4_1): `LayerStack`. Otherwise the caller runs its layers in
@@ -27,7 +28,13 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.batch_invariance import batch_invariant
-from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available, fma_linear_available
+from tgictl.kernels.linear import (
+    AMX_FIRST_MAX_ROWS,
+    SMALL_LINEAR_MAX_ROWS,
+    amx_available,
+    dpbf16_linear_available,
+    fma_linear_available,
+)
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, LinearWeight
 from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
@@ -90,6 +97,7 @@ def _many_rows(weight: LinearWeight) -> bool:
         return kernels is not None and kernels.int4_bf16_instructions != "none" \
             and weight.padded_in_features == weight.in_features
     return (amx_available() and weight.in_features % 32 == 0) \
+        or (dpbf16_linear_available() and weight.in_features % 4 == 0) \
         or (fma_linear_available() and weight.in_features % 16 == 0)
 
 

@@ -1,7 +1,9 @@
 """The one linear-layer entry point the shard's layers call: torch's matmul, or on CPU for a few rows the
 compiled matrix-vector kernel (kernels/native.py, csrc/small_linear.c) and, where the CPU has AMX, for
-decode-sized row counts (5-64) the AMX kernel on the weight as stored (csrc/amx_linear.c); on AVX2 CPUs
-where torch's bf16 matmul is its generic loop, every bf16 product of 5+ rows by FMA (csrc/fma_linear.c).
+decode-sized row counts (5-64) the AMX kernel on the weight as stored (csrc/amx_linear.c); where it has
+AVX512-BF16 but no AMX (AMD Zen 4 and 5), for 5-32 rows the VDPBF16PS kernel on the weight as stored
+(csrc/dpbf16_linear.c); on AVX2 CPUs where torch's bf16 matmul is its generic loop, every bf16 product of
+5+ rows by FMA (csrc/fma_linear.c).
 
 Why: at one to a few rows a linear layer only streams its weights; torch's bf16 matmul reaches a
 fraction of the memory bandwidth there, and batch-1 decode spent most of its step in it. At 5-32 rows
@@ -32,6 +34,11 @@ SMALL_LINEAR_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float3
 # (50 ms at 64 rows) it still wins, so without a copy it takes up to 64 rows.
 AMX_LINEAR_MAX_ROWS = 64
 AMX_FIRST_MAX_ROWS = 32
+# The VDPBF16PS kernel's rows: SmolLM2's 120 projections, weights streamed from memory, AMD EPYC Zen 5, 2
+# threads (scripts/bench_linear.py): 8 rows 7.2-8.6 ms against oneDNN's prepacked 8.0-10.2, 16 rows 7.4-10.1
+# against 9.2-11.4, 32 rows 10.9-13.2 against 13.2-13.8; at 64 rows 29-35 against 21-22 (and torch's F.linear
+# on the plain weight 25-28), so it stops at 32.
+DPBF16_LINEAR_MAX_ROWS = 32
 
 
 @functools.cache
@@ -41,10 +48,27 @@ def amx_available() -> bool:
     return native is not None and bool(native.amx_linear_available())
 
 
-def amx_replaces_packed_copy(policy: str) -> bool:
-    """Whether, under TGICTL_PREPACK_WEIGHTS=`policy`, weights an AMX kernel reads as stored (dense, int8,
-    GGUF) should keep no oneDNN copy: `auto` on an AMX machine (kernels/prepacked.py)."""
-    return policy == "auto" and amx_available()
+@functools.cache
+def dpbf16_linear_available() -> bool:
+    """Whether this build has csrc/dpbf16_linear.c's kernel (AVX512-BF16)."""
+    native = load_native_kernels()
+    return native is not None and bool(native.dpbf16_linear_available())
+
+
+def native_replaces_packed_copy(policy: str) -> bool:
+    """Whether, under TGICTL_PREPACK_WEIGHTS=`policy`, weights that the many-row C kernels read as stored
+    (dense, int8, GGUF) should keep no oneDNN copy: `auto` where AMX or AVX512-BF16 serve decode-sized row
+    counts as fast as oneDNN on its copy (kernels/prepacked.py)."""
+    return policy == "auto" and (amx_available() or dpbf16_linear_available())
+
+
+def native_first(x: Tensor) -> bool:
+    """Whether linear() multiplies x with a many-row C kernel that beats a oneDNN copy of the weight at this
+    row count (AMX up to 32 rows, VDPBF16PS up to 32), so a weight that has a copy should not use it."""
+    rows = x.shape[0]
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16 \
+        and SMALL_LINEAR_MAX_ROWS[torch.bfloat16] < rows <= AMX_FIRST_MAX_ROWS \
+        and (amx_available() or (rows <= DPBF16_LINEAR_MAX_ROWS and dpbf16_linear_available()))
 
 
 def uses_amx(x: Tensor) -> bool:
@@ -66,12 +90,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x: [rows, in] -> [rows, out] = x @ weight.T + bias, in x's dtype."""
     if x.device.type == "cpu" and (native := load_native_kernels()) is not None:
         out = None
-        if x.shape[0] <= SMALL_LINEAR_MAX_ROWS.get(x.dtype, 0):
+        rows = x.shape[0]
+        if rows <= SMALL_LINEAR_MAX_ROWS.get(x.dtype, 0):
             out = native.small_linear(x, weight, bias)
-        elif uses_amx(x):
-            out = native.amx_linear(x, weight, bias)
-        elif x.dtype == torch.bfloat16 and fma_linear_available():
-            out = native.fma_linear(x, weight, bias)
+        elif x.dtype == torch.bfloat16:  # the order csrc/decode_layers.c tries them in: a kernel may decline
+            if uses_amx(x):
+                out = native.amx_linear(x, weight, bias)
+            if out is None and rows <= DPBF16_LINEAR_MAX_ROWS and dpbf16_linear_available():
+                out = native.dpbf16_linear(x, weight, bias)
+            if out is None and fma_linear_available():
+                out = native.fma_linear(x, weight, bias)
         if out is not None:
             return out
     return F.linear(x, weight, bias)

@@ -85,6 +85,9 @@ class NativeKernels:
     # bf16 linears of 5+ rows by FMA on widened weights, where torch has no fast bf16 matmul (csrc/fma_linear.c).
     fma_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
     fma_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # bf16 linears of 5-64 rows by VDPBF16PS on the weight as stored, on AVX512-BF16 CPUs (csrc/dpbf16_linear.c).
+    dpbf16_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
+    dpbf16_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -124,6 +127,13 @@ class NativeKernels:
         loop: AVX2 without AVX512-BW or AVX-NE-CONVERT) or the input does not fit (the caller takes torch's).
         """
         return _bf16_weight_product(self.fma_linear_bf16, x, weight, bias)
+
+    def dpbf16_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        """x [m, k] @ weight.T + bias by VDPBF16PS for bf16 x of 1-64 rows and weight [n, k] (k even); [m, n] bf16.
+
+        None where this build lacks AVX512-BF16 or the input does not fit (the caller takes another kernel).
+        """
+        return _bf16_weight_product(self.dpbf16_linear_bf16, x, weight, bias)
 
     def prefill_attention(self, query: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor,
                           cache_len: int, scale: float) -> Tensor | None:
@@ -273,6 +283,8 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_prefill_attention_amx": (prefill, c_int),
         "tgictl_fma_linear_available": ([], c_int),
         "tgictl_fma_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_dpbf16_linear_available": ([], c_int),
+        "tgictl_dpbf16_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

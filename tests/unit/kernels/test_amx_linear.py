@@ -11,7 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tgictl.kernels.linear import AMX_LINEAR_MAX_ROWS, amx_available, linear, uses_amx
+from tgictl.kernels.linear import (
+    AMX_LINEAR_MAX_ROWS,
+    DPBF16_LINEAR_MAX_ROWS,
+    amx_available,
+    dpbf16_linear_available,
+    linear,
+    uses_amx,
+)
 from tgictl.kernels.native import cpu_flags, load_native_kernels
 
 
@@ -58,14 +65,15 @@ def test_linear_routes_5_to_32_bf16_rows_to_it() -> None:
 
 
 def check_many_rows(linear_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None], w16: torch.Tensor) -> None:
-    """linear_fn(x, bias) at 5, 33 and 100 rows equals the float32 matmul on the bf16 weights w16 [out, in]
-    within the output's rounding; where there is no AMX it declines."""
+    """linear_fn(x, bias) at 5, 32, 33 and 100 rows equals the float32 matmul on the bf16 weights w16 [out, in]
+    within the output's rounding; where there is no AMX it takes csrc/dpbf16_linear.c up to 32 rows (where the
+    CPU has AVX512-BF16) and declines the rest."""
     out_features, in_features = w16.shape
-    for rows in (5, 33, 100):
+    for rows in (5, 32, 33, 100):
         x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
         bias = torch.randn(out_features, generator=torch.Generator().manual_seed(rows + 1))
         out = linear_fn(x, bias)
-        if not amx_available():
+        if not (amx_available() or (dpbf16_linear_available() and rows <= DPBF16_LINEAR_MAX_ROWS)):
             assert out is None
             continue
         assert out is not None and out.shape == (rows, out_features) and out.dtype == torch.bfloat16

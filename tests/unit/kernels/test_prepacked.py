@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tgictl.kernels import prepacked
-from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available
+from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS, amx_available, dpbf16_linear_available
 from tgictl.kernels.linear_methods import dispatch
 from tgictl.kernels.linear_methods import Int8Weight
 from tgictl.kernels.linear_methods.dense import DenseWeight
@@ -41,8 +41,8 @@ def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
     weight = _weight()
     weight.prepack()
     weight.onednn_weight = prepack(torch.zeros_like(weight.weight))  # a packed copy that is visibly not the weight
-    # Where the CPU has AMX, 5-32 rows take the AMX kernel on the plain weight too.
-    plain_max = AMX_FIRST_MAX_ROWS if amx_available() else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
+    # Where the CPU has AMX or AVX512-BF16, 5-32 rows take the AMX or VDPBF16PS kernel on the plain weight too.
+    plain_max = AMX_FIRST_MAX_ROWS if native_many_rows() else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
     for rows in sorted({SMALL_LINEAR_MAX_ROWS[torch.bfloat16], plain_max}):
         few = torch.randn(rows, 64).to(torch.bfloat16)
         torch.testing.assert_close(weight(few).float(), F.linear(few, weight.weight).float(), **BF16_TOL)
@@ -51,8 +51,8 @@ def test_few_rows_keep_the_plain_weight_and_more_take_the_packed_copy() -> None:
 
 
 def test_only_decode_sized_products_take_the_packed_copy_at_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """5..64 rows (33..64 where the CPU has AMX: below, the AMX kernel) run at multiples of 8 rows on the
-    packed copy (a bounded set of oneDNN kernels); more rows (prefill) take the plain weight."""
+    """5..64 rows (33..64 where the CPU has AMX or AVX512-BF16: below, their kernels) run at multiples of 8 rows
+    on the packed copy (a bounded set of oneDNN kernels); more rows (prefill) take the plain weight."""
     weight = _weight()
     weight.prepack()
     seen: list[int] = []
@@ -63,7 +63,7 @@ def test_only_decode_sized_products_take_the_packed_copy_at_bucketed_row_counts(
         out = weight(torch.randn(rows, 64).to(torch.bfloat16))
         assert out.shape == (rows, 96)
     # 5, 9, 40, 64 rows; 65 and 300 on the plain weight
-    assert seen == ([40, 64] if amx_available() else [8, 16, 40, 64])
+    assert seen == ([40, 64] if native_many_rows() else [8, 16, 40, 64])
 
 
 def test_table_padding_changes_only_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,9 +121,10 @@ def test_a_quantized_weight_packs_its_dequantization() -> None:
     assert torch.equal(weight(x_few), before_few)  # a few rows: the format's kernels, unchanged
 
 
-def test_auto_packs_no_copy_of_what_the_amx_kernels_read_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under `auto` on an AMX machine dense weights, int8 rows and GGUF blocks keep no copy (AMX kernels read
-    them as stored); elsewhere they are packed (memory allowing); `1` packs them everywhere."""
+def test_auto_packs_no_copy_of_what_the_native_kernels_read_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `auto` on an AMX or AVX512-BF16 machine dense weights, int8 rows and GGUF blocks keep no copy (the
+    AMX or VDPBF16PS kernels read them as stored); elsewhere they are packed (memory allowing); `1` packs them
+    everywhere."""
     import numpy as np
 
     from tgictl.kernels.linear_methods import BLOCK_TYPES, GGUFWeight
@@ -137,11 +138,15 @@ def test_auto_packs_no_copy_of_what_the_amx_kernels_read_themselves(monkeypatch:
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "auto")
     auto = weights()
     added = prepack_weights(auto)
-    assert [w.onednn_weight is None for w in auto] == [amx_available()] * 3
-    assert added == (0 if amx_available() else 3 * 96 * 64 * 2)
+    assert [w.onednn_weight is None for w in auto] == [native_many_rows()] * 3
+    assert added == (0 if native_many_rows() else 3 * 96 * 64 * 2)
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "1")
     forced = weights()
     assert prepack_weights(forced) == 3 * 96 * 64 * 2 and all(w.onednn_weight is not None for w in forced)
+
+
+def native_many_rows() -> bool:
+    return amx_available() or dpbf16_linear_available()
 
 
 def test_without_a_copy_33_to_64_rows_take_the_amx_kernel() -> None:

@@ -9,14 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* amx_linear.c's product for the formats that decode their rows first: a decoder fills strip [rows][k] bf16
- * with weight rows row0 .. row0 + rows (rows <= 32) of `source` (the format's tensors); scratch: k floats
- * of the calling thread's own. */
-typedef void (*tgictl_strip_decoder)(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip,
-                                     float *scratch);
-int tgictl_amx_decoded_linear(const uint16_t *x, const uint16_t *weight, tgictl_strip_decoder decode,
-                              const void *source, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k,
-                              int threads);
+#include "decoded_linear.h"
 
 #if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define HAVE_AMX 1

@@ -8,7 +8,7 @@
  * projection, silu * up, down projection), so its results are those of the Python layers bit for bit
  * (for int4 weights: those of the Python layers on the C int4 kernels, which the dispatch table may
  * not pick for every shape); kernels/decode_layers.py decides when it may run (above 4 rows only where
- * the many-row kernels run: AMX for bf16 rows, bf16 dot products for int4 tiles of k_pad == k).
+ * the many-row kernels run: AMX or VDPBF16PS for bf16 rows, bf16 dot products for int4 tiles of k_pad == k).
  *
  * norms:   per layer the input norm and the post-attention norm weights [H], bf16;
  * linears: per layer qkv [(heads + 2 kv_heads) d, H], o [H, heads d], gate_up [2 I, H], down [H, I],
@@ -50,10 +50,12 @@ int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uin
                              const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads);
 int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
+int tgictl_dpbf16_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
+                              int64_t n, int64_t k, int threads);
 
 /* Up to this many rows the matrix-vector kernels (kernels/linear.py's SMALL_LINEAR_MAX_ROWS for bf16); above,
- * the many-row kernels: AMX on bf16 rows (FMA on AVX2 builds, which have no AMX: kernels/linear.py takes the
- * same one), the bf16-tile kernel on int4 (whose input width is then k_pad). */
+ * the many-row kernels: AMX on bf16 rows, else VDPBF16PS, else FMA (AVX2 builds; kernels/linear.py tries them in
+ * the same order), the bf16-tile kernel on int4 (whose input width is then k_pad). */
 #define MATRIX_VECTOR_MAX_ROWS 4
 
 /* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
@@ -82,10 +84,12 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
 static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
                   float *x32, float *y32, int threads) {
     if (m > MATRIX_VECTOR_MAX_ROWS) {
-        if (w->group == 0)
-            return tgictl_amx_linear_bf16(x, (const uint16_t *)w->weight, NULL, y, m, n, k, threads) == 0
-                       ? 0
-                       : tgictl_fma_linear_bf16(x, (const uint16_t *)w->weight, NULL, y, m, n, k, threads);
+        if (w->group == 0) { /* kernels/linear.py's order: each declines where its build or shape does not fit */
+            const uint16_t *weight = w->weight;
+            if (tgictl_amx_linear_bf16(x, weight, NULL, y, m, n, k, threads) == 0) return 0;
+            if (tgictl_dpbf16_linear_bf16(x, weight, NULL, y, m, n, k, threads) == 0) return 0;
+            return tgictl_fma_linear_bf16(x, weight, NULL, y, m, n, k, threads);
+        }
         return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y, m, n,
                                         w->k_pad, threads);
     }

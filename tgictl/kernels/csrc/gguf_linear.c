@@ -250,10 +250,10 @@ int tgictl_qlinear_gguf(int type, const float *x, const uint8_t *w, int64_t row_
     return failed ? -2 : 0;
 }
 
-#if defined(HAVE_AMX)
-/* One weight row as bf16 for the AMX product: Q8_0 by vectors (32 int8 -> two float32 vectors times the
- * block scale -> 32 bf16), the other types through their float32 decoder and a vector rounding. Rounded to
- * nearest even, as torch's bf16 conversion. */
+#if defined(__AVX512BF16__)
+/* One weight row as bf16 for the many-row products (decoded_linear.h): Q8_0 by vectors (32 int8 -> two
+ * float32 vectors times the block scale -> 32 bf16), the other types through their float32 decoder and a
+ * vector rounding. Rounded to nearest even, as torch's bf16 conversion. */
 static void decode_row_bf16(int type, const uint8_t *src, float *row_f32, uint16_t *dst, int64_t k) {
     if (DECODERS[type] == decode_q8_0) {
         for (int64_t b = 0; b < k / QK; b++, src += Q8_0_BYTES) {
@@ -276,23 +276,25 @@ struct gguf_rows {
     int64_t row_bytes;
 };
 
-#if defined(HAVE_AMX)
+#if defined(__AVX512BF16__)
 static void decode_gguf_strip(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip, float *scratch) {
     const struct gguf_rows *g = source;
     for (int r = 0; r < rows; r++) decode_row_bf16(g->type, g->w + (row0 + r) * g->row_bytes, scratch, strip + r * k, k);
 }
 #endif
 
-/* Many bf16 rows (prefill, decode batches) with AMX: each strip of 32 weight rows is decoded once per call
- * into bf16 (the thread's buffer, in L2) and multiplied by amx_linear.c's strip product; the weights stay in
- * their blocks in memory. x [m, k] bf16, y [m, n] bf16, bias [n] float32 or NULL; k a multiple of 32.
- * Returns 0, or -1 where this build or process has no AMX, the type is unknown or scratch is refused. */
+/* Many bf16 rows (prefill, decode batches) by the many-row products (decoded_linear.h): AMX (any row count),
+ * else AVX512-BF16 (1-32 rows); each strip of weight rows is decoded once per call into bf16 (the thread's
+ * buffer, in L2): the weights stay in their blocks in memory. x [m, k] bf16, y [m, n] bf16, bias [n] float32
+ * or NULL; k a multiple of 32. Returns 0, or -1 where neither takes the call, the type is unknown or scratch
+ * is refused. */
 int tgictl_qlinear_gguf_bf16(int type, const uint16_t *x, const uint8_t *w, int64_t row_bytes, const float *bias,
                              uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
-#if defined(HAVE_AMX)
-    if (type < 0 || type >= NUM_TYPES) return -1;
+#if defined(__AVX512BF16__)
+    if (type < 0 || type >= NUM_TYPES || k % QK != 0) return -1;
     const struct gguf_rows rows = {type, w, row_bytes};
-    return tgictl_amx_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads);
+    if (tgictl_amx_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads) == 0) return 0;
+    return tgictl_dpbf16_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads);
 #else
     (void)type, (void)x, (void)w, (void)row_bytes, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
     return -1;

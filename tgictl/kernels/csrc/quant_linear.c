@@ -60,8 +60,8 @@ struct int8_rows {
     const uint16_t *scales; /* bf16 */
 };
 
-#if defined(HAVE_AMX)
-/* int8 rows times their scale, in bf16 (rounded to nearest even), for the AMX product. */
+#if defined(__AVX512BF16__)
+/* int8 rows times their scale, in bf16 (rounded to nearest even), for the many-row products. */
 static void decode_int8_strip(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip, float *scratch) {
     const struct int8_rows *w = source;
     (void)scratch;
@@ -77,13 +77,16 @@ static void decode_int8_strip(const void *source, int64_t row0, int rows, int64_
 }
 #endif
 
-/* Many bf16 rows with AMX on strips of int8 rows decoded to bf16 (amx_linear.c): x [m, k] bf16, scales [n]
- * bf16, y [m, n] bf16; k a multiple of 32. Returns 0, or -1 without AMX (the caller takes another backend). */
+/* Many bf16 rows on strips of int8 rows decoded to bf16 (decoded_linear.h: AMX, else AVX512-BF16 up to 32
+ * rows): x [m, k] bf16, scales [n] bf16, y [m, n] bf16; k a multiple of 32. Returns 0, or -1 where neither
+ * takes the call (the caller takes another backend). */
 int tgictl_qlinear_int8_bf16(const uint16_t *x, const int8_t *q, const uint16_t *scales, const float *bias,
                              uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
-#if defined(HAVE_AMX)
+#if defined(__AVX512BF16__)
+    if (k % 32 != 0) return -1;
     const struct int8_rows rows = {q, scales};
-    return tgictl_amx_decoded_linear(x, NULL, decode_int8_strip, &rows, bias, y, m, n, k, threads);
+    if (tgictl_amx_decoded_linear(x, NULL, decode_int8_strip, &rows, bias, y, m, n, k, threads) == 0) return 0;
+    return tgictl_dpbf16_decoded_linear(x, NULL, decode_int8_strip, &rows, bias, y, m, n, k, threads);
 #else
     (void)x, (void)q, (void)scales, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
     return -1;

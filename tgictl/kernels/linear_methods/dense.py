@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, amx_replaces_packed_copy, linear, uses_amx
+from tgictl.kernels.linear import linear, native_first, native_replaces_packed_copy
 from tgictl.kernels.prepacked import prepack
 from tgictl.kernels.linear_methods.base import LinearWeight
 
@@ -23,10 +23,10 @@ class DenseWeight(LinearWeight):
         self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in]
 
     def wants_packed_copy(self, policy: str) -> bool:
-        """Under `auto`, no copy where the AMX kernel reads the weight as stored: it is as fast as oneDNN's
-        copy up to 32 rows, the copy only wins at 33-64 (see kernels/linear.py), and it costs the weights'
-        bytes again (SmolLM2 bf16: 258 MiB, a quarter of the shard)."""
-        return not amx_replaces_packed_copy(policy)
+        """Under `auto`, no copy where the AMX or VDPBF16PS kernel reads the weight as stored: each is as fast
+        as oneDNN's copy up to 32 rows, the copy only wins at 33-64 (see kernels/linear.py), and it costs the
+        weights' bytes again (SmolLM2 bf16: 258 MiB, a quarter of the shard)."""
+        return not native_replaces_packed_copy(policy)
 
     def prepack(self) -> bool:
         self.onednn_weight = prepack(self.weight)  # the weight itself: no dequantized copy first
@@ -47,10 +47,9 @@ class DenseWeight(LinearWeight):
 
     def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         # The one dense path (no table lookup): kernels/linear.py where it has a kernel of its own for this
-        # row count that beats the packed copy (matrix-vector; AMX up to 32 rows), else the packed copy for
-        # many rows where there is one, else kernels/linear.py (AMX up to 64 rows, torch above).
-        amx_first = uses_amx(x) and x.shape[0] <= AMX_FIRST_MAX_ROWS
-        packed = None if amx_first else self.packed_matmul(x, bias)
+        # row count that beats the packed copy (matrix-vector; AMX or VDPBF16PS up to 32 rows), else the packed
+        # copy for many rows where there is one, else kernels/linear.py (AMX up to 64 rows, torch above).
+        packed = None if native_first(x) else self.packed_matmul(x, bias)
         return packed if packed is not None else linear(x, self.weight, bias)
 
     @classmethod

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from tgictl.kernels.linear import amx_replaces_packed_copy
+from tgictl.kernels.linear import native_replaces_packed_copy
 from tgictl.kernels.linear_methods.base import LinearFn, LinearWeight, with_common
 from tgictl.kernels.linear_methods.gguf_types import BlockType
 from tgictl.kernels.linear_methods.native import quant_kernels
@@ -50,7 +50,7 @@ class GGUFWeight(LinearWeight):
         """Under `auto`, no packed bf16 copy where the AMX kernel reads the blocks themselves: on the default
         GGUF's Q8_0 LM head it is faster than oneDNN on the copy up to 32 rows (4.0-4.2 ms at 5-32 rows
         against 5.5-8.6) and the copy would cost 54 MiB; at 64 rows the copy was faster (6.5 against 10.1)."""
-        return not amx_replaces_packed_copy(policy)
+        return not native_replaces_packed_copy(policy)
 
     def slice_rows(self, start: int, stop: int) -> GGUFWeight:
         return GGUFWeight(self.data[start:stop].contiguous(), self.block_type, self.in_features, self.dtype)

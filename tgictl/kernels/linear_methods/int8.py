@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from tgictl.kernels.linear import amx_replaces_packed_copy
+from tgictl.kernels.linear import native_replaces_packed_copy
 from tgictl.kernels.linear_methods.base import LinearFn, LinearWeight, with_common
 from tgictl.kernels.linear_methods.native import quant_kernels
 
@@ -57,7 +57,7 @@ class Int8Weight(LinearWeight):
     def wants_packed_copy(self, policy: str) -> bool:
         """Under `auto`, no bf16 copy (of the int8 vocabulary, the only int8 weight that asks) where the AMX
         kernel decodes the rows itself: it is as fast as oneDNN on the copy (see kernels/linear.py)."""
-        return not (amx_replaces_packed_copy(policy) and self.scales.dtype == torch.bfloat16)
+        return not (native_replaces_packed_copy(policy) and self.scales.dtype == torch.bfloat16)
 
     @classmethod
     def concat_rows(cls, parts: Sequence[LinearWeight]) -> LinearWeight | None:

@@ -1,7 +1,8 @@
 """The quantized C kernels built for other CPUs than this one: AVX2 (-march=haswell) and baseline x86-64
 (SSE2, effectively the scalar code) give the reference results too, so machines without AVX-512 run
 correct code; their int4 many-row and 1-4 row bf16 kernels decline (no bf16 dot product). Built for AVX512-BF16 without
-AMX (as AMD Zen 4 has it), that kernel takes its VDPBF16PS path and gives the same results."""
+AMX (as AMD Zen 4 has it), that kernel takes its VDPBF16PS path and gives the same results, and the GGUF and int8
+many-row products take csrc/dpbf16_linear.c up to 32 rows."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def test_variant_builds_are_distinct_files(tmp_path: Path) -> None:
     assert _build("cc", tmp_path, march="haswell") != _build("cc", tmp_path, march="x86-64")
 
 
-NO_AMX = ("-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8")
+# Sapphire Rapids less what AMD Zen 4 and 5 lack: AMX and AVX512-FP16 (GCC lowers F16C conversions to it)
+NO_AMX = ("-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8", "-mno-avx512fp16")
 
 
 def test_the_avx512_bf16_path_without_amx(tmp_path: Path) -> None:
@@ -79,11 +81,22 @@ def test_the_avx512_bf16_path_without_amx(tmp_path: Path) -> None:
     path = _build("cc", tmp_path, march="sapphirerapids", extra_flags=NO_AMX)
     kernels = bind_quant_kernels(ctypes.CDLL(str(path)))
     assert kernels.int4_bf16_instructions == "avx512-bf16"
-    data = torch.from_numpy(quantized_blocks("Q8_0", torch.randn(64, 256).numpy(), np.random.default_rng(0)))
-    assert kernels.gguf_bf16_linear(torch.randn(8, 256).bfloat16(), data, BLOCK_TYPES["Q8_0"].native_id, 256,
-                                    None) is None  # AMX only
-    int8 = Int8Weight.quantize(torch.randn(64, 256), torch.bfloat16)
-    assert kernels.int8_bf16_linear(torch.randn(8, 256).bfloat16(), int8.qweight, int8.scales, None) is None
+    # GGUF and int8 rows decoded per strip, multiplied by csrc/dpbf16_linear.c: up to 32 rows, then declined
+    data = torch.from_numpy(quantized_blocks("Q8_0", torch.randn(70, 256).numpy(), np.random.default_rng(0)))
+    q8_0 = GGUFWeight(data, BLOCK_TYPES["Q8_0"], 256, torch.bfloat16)
+    int8 = Int8Weight.quantize(torch.randn(70, 256), torch.bfloat16)
+    bias = torch.randn(70)
+    for rows in (5, 32, 33):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        products = ((q8_0, kernels.gguf_bf16_linear(x, data, BLOCK_TYPES["Q8_0"].native_id, 256, bias)),
+                    (int8, kernels.int8_bf16_linear(x, int8.qweight, int8.scales, bias)))
+        for weight, out in products:
+            if rows > 32:
+                assert out is None
+                continue
+            expected = torch.nn.functional.linear(x.float(), weight.dequantize().bfloat16().float(), bias)
+            assert out is not None and out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-2)
     for rows, shape in ((1, (200, 512)), (7, (130, 99)), (33, (576, 1536))):
         w = torch.randn(*shape, generator=torch.Generator().manual_seed(rows)) * 0.05
         check_against_bf16_weights(kernels, Int4Weight.quantize(w, 32, torch.bfloat16), rows, seed=rows)

@@ -175,12 +175,18 @@ def test_float32_keeps_the_python_layers(model_dir: Path) -> None:
 
 
 def test_the_loop_takes_many_rows_where_its_many_row_kernels_run(model_dir: Path) -> None:
-    from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, amx_available, fma_linear_available
+    from tgictl.kernels.linear import (
+        AMX_FIRST_MAX_ROWS,
+        amx_available,
+        dpbf16_linear_available,
+        fma_linear_available,
+    )
 
     stack = make_runner(model_dir, dtype=torch.bfloat16).model.plain_layer_stack()
-    many_rows = amx_available() or fma_linear_available()
+    many_rows = amx_available() or dpbf16_linear_available() or fma_linear_available()
     assert stack is not None and stack.max_rows == (AMX_FIRST_MAX_ROWS if many_rows else 4)
     flags = set(cpu_flags().split())
-    # AMX CPUs, and AVX2 CPUs without AVX512-BW (csrc/fma_linear.c): the 5-32 row comparisons above ran the loop
-    if "amx_bf16" in flags or ("avx2" in flags and not {"avx512bw", "avx_ne_convert"} & flags):
+    # AMX CPUs, AVX512-BF16 CPUs (csrc/dpbf16_linear.c), and AVX2 CPUs without AVX512-BW (csrc/fma_linear.c): the
+    # 5-32 row comparisons above ran the loop
+    if {"amx_bf16", "avx512_bf16"} & flags or ("avx2" in flags and not {"avx512bw", "avx_ne_convert"} & flags):
         assert stack.max_rows == AMX_FIRST_MAX_ROWS
