@@ -47,9 +47,10 @@ class GGUFWeight(LinearWeight):
         return GGUF_BACKENDS
 
     def wants_packed_copy(self, policy: str) -> bool:
-        """Under `auto`, no packed bf16 copy where the AMX kernel reads the blocks themselves: on the default
-        GGUF's Q8_0 LM head it is faster than oneDNN on the copy up to 32 rows (4.0-4.2 ms at 5-32 rows
-        against 5.5-8.6) and the copy would cost 54 MiB; at 64 rows the copy was faster (6.5 against 10.1)."""
+        """Under `auto`, no packed bf16 copy where the AMX or VDPBF16PS kernel multiplies strips decoded from
+        the blocks themselves (csrc/decoded_linear.h): on the default GGUF's Q8_0 LM head AMX is faster than
+        oneDNN on the copy up to 32 rows (4.0-4.2 ms at 5-32 rows against 5.5-8.6) and the copy would cost
+        54 MiB; at 64 rows the copy was faster (6.5 against 10.1)."""
         return not native_replaces_packed_copy(policy)
 
     def slice_rows(self, start: int, stop: int) -> GGUFWeight:

@@ -55,8 +55,8 @@ class Int8Weight(LinearWeight):
         return INT8_BACKENDS
 
     def wants_packed_copy(self, policy: str) -> bool:
-        """Under `auto`, no bf16 copy (of the int8 vocabulary, the only int8 weight that asks) where the AMX
-        kernel decodes the rows itself: it is as fast as oneDNN on the copy (see kernels/linear.py)."""
+        """Under `auto`, no bf16 copy (of the int8 vocabulary, the only int8 weight that asks) where the AMX or
+        VDPBF16PS kernel decodes the rows itself: it is as fast as oneDNN on the copy (see kernels/linear.py)."""
         return not (native_replaces_packed_copy(policy) and self.scales.dtype == torch.bfloat16)
 
     @classmethod
