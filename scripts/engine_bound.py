@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from perf_decode import DEFAULT_MODEL, decode_batch  # noqa: E402
 
+from tgictl.env import apply_shard_library_defaults  # noqa: E402
 from tgictl.kernels.linear import linear  # noqa: E402
 from tgictl.runtime.profile.budgets import ModelShape, model_shape  # noqa: E402
 from tgictl.runtime.profile.hardware import measure_matmul_flops  # noqa: E402
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=9, help="timed decode steps (median)")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    apply_shard_library_defaults()  # the shard's huge pages and oneDNN cache, before the first big allocation
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

@@ -25,6 +25,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
+from tgictl.env import apply_shard_library_defaults  # noqa: E402
 from tgictl.kernels import build_attention_metadata  # noqa: E402
 from tgictl.kernels.attention_fast import _decode_output, _decode_scores  # noqa: E402
 from tgictl.kernels.batch_invariance import enable_batch_invariance  # noqa: E402
@@ -178,6 +179,7 @@ def main() -> None:
                         help="also time the served step with the decode layers' compiled loop "
                         "(kernels/decode_layers.py) off, alternating step by step")
     args = parser.parse_args()
+    apply_shard_library_defaults()  # the shard's huge pages and oneDNN cache, before the first big allocation
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
