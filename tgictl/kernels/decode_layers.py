@@ -140,18 +140,18 @@ class LayerStack:
 
 def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, slots: Tensor,
                   caches: Sequence[tuple[Tensor, Tensor]], meta: AttentionMetadata) -> tuple[Tensor, Tensor] | None:
-    """The stack's layers on a decode step: (hidden, delta) after them, as the Python layers return
-    them, or None when this step cannot run in the C loop (nothing has been computed then).
+    """The stack's first len(caches) layers on a decode step: (hidden, delta) after them, as the Python layers
+    return them, or None when this step cannot run in the C loop (nothing has been computed then).
 
     hidden, delta: [m, H] bf16 (delta None before the first layer); cos, sin: [m, d / 2]; slots: [m];
-    caches: the stack's layers' (key, value) caches [blocks, block_size, kv_heads, d].
+    caches: the (key, value) caches [blocks, block_size, kv_heads, d] of the stack's first 1..count layers.
     """
     shape = stack.shape
     m = hidden.shape[0]
     decode = meta.decode
     if not 1 <= m <= stack.max_rows or hidden.dtype != torch.bfloat16 \
             or hidden.device.type != "cpu" or batch_invariant() or not meta.is_decode_only or decode is None \
-            or decode.query_rows is not None or len(caches) != stack.count or stack.count == 0:
+            or decode.query_rows is not None or not 1 <= len(caches) <= stack.count:
         return None
     half = shape.head_dim // 2
     inputs = (hidden, cos, sin) if delta is None else (hidden, delta, cos, sin)
@@ -175,7 +175,7 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
                                                        shape.head_dim, shape.intermediate), dtype=torch.uint8)
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     status = native.decode_layers_bf16(
-        stack.count, stack.norm_pointers, stack.linears, stack.cache_pointers(caches), hidden_out.data_ptr(),
+        len(caches), stack.norm_pointers, stack.linears, stack.cache_pointers(caches), hidden_out.data_ptr(),
         delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
         decode.slots.data_ptr(), decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
         shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale, scratch.data_ptr(),

@@ -156,7 +156,7 @@ def test_the_loop_declines_what_it_does_not_compute(model_dir: Path) -> None:
     prefill = AttentionMetadata.build([0], [2], [[0]], runner.block_size, runner.device)  # two new tokens
     assert decode_layers(stack, hidden, None, cos, sin, slots, caches, prefill) is None
     assert decode_layers(stack, hidden.float(), None, cos, sin, slots, caches, meta) is None
-    assert decode_layers(stack, hidden, None, cos, sin, slots, caches[:-1], meta) is None
+    assert decode_layers(stack, hidden, None, cos, sin, slots, [*caches, caches[0]], meta) is None  # past its layers
     with pytest.raises(Exception, match="outside the cache"):
         outside = torch.tensor([runner.kv_cache.num_blocks * runner.block_size, 0], dtype=torch.int64)
         decode_layers(stack, hidden, None, cos, sin, outside, caches, meta)
@@ -190,3 +190,21 @@ def test_the_loop_takes_many_rows_where_its_many_row_kernels_run(model_dir: Path
     # 5-32 row comparisons above ran the loop
     if {"amx_bf16", "avx512_bf16"} & flags or ("avx2" in flags and not {"avx512bw", "avx_ne_convert"} & flags):
         assert stack.max_rows == AMX_FIRST_MAX_ROWS
+
+
+def test_the_first_layers_of_the_stack_then_the_python_layers_equal_the_whole_stack(model_dir: Path) -> None:
+    """A prefix of the stack (the model's last layer stays in Python where it picks logit rows) hands the
+    Python layers the residual stream they would have computed themselves."""
+    runner = make_runner(model_dir, dtype=torch.bfloat16)
+    model = runner.model
+    stack = model.plain_layer_stack()
+    assert stack is not None and stack.count == len(model.layers)
+    caches = [runner.kv_cache.layer(i) for i in range(stack.count)]
+    hidden, cos, sin, slots, meta = _decode_inputs(runner, 3)
+    whole = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta)
+    prefix = decode_layers(stack, hidden, None, cos, sin, slots, caches[:2], meta)
+    assert whole is not None and prefix is not None
+    out, delta = prefix
+    for i in range(2, stack.count):
+        out, delta = model.layers[i](out, delta, cos, sin, slots, *caches[i], meta)
+    assert torch.equal(out, whole[0]) and torch.equal(delta, whole[1])

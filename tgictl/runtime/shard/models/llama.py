@@ -128,11 +128,15 @@ class LlamaForCausalLM(CausalLM):
         last = len(self.layers) - 1
         delta: Tensor | None = None
         first = 0
-        stack = self.plain_layer_stack() if adapters is None and last > 0 else None
-        if stack is not None:  # every layer but the last (it picks the logit rows) in one compiled call
-            done = decode_layers(stack, hidden, None, cos, sin, slots, [kv_cache.layer(i) for i in range(last)], meta)
+        stack = self.plain_layer_stack() if adapters is None else None
+        if stack is not None:
+            # The layers in one compiled call: all of them where every row is a logit row (a decode step: one
+            # per sequence, in order), else all but the last, which picks the logit rows in Python.
+            count = len(self.layers) if logit_indices.shape[0] == hidden.shape[0] else last
+            caches = [kv_cache.layer(i) for i in range(count)]
+            done = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta) if count > 0 else None
             if done is not None:
-                (hidden, delta), first = done, last
+                (hidden, delta), first = done, count
         for i in range(first, len(self.layers)):
             layer = self.layers[i]
             key_cache, value_cache = kv_cache.layer(i)
@@ -143,11 +147,11 @@ class LlamaForCausalLM(CausalLM):
         return self.lm_head(self.norm.add_forward(hidden, delta)[1])  # [n, vocab] float32
 
     def plain_layer_stack(self) -> LayerStack | None:
-        """Every layer but the last as kernels/decode_layers.py's stack, when all are plain layers;
-        decided once, on the first forward (after load, when the weights no longer move)."""
+        """The layers as kernels/decode_layers.py's stack, when all are plain layers; decided once, on the
+        first forward (after load, when the weights no longer move)."""
         if self._plain_stack is None:
             self._plain_stack = False
-            layers = list(self.layers)[:-1]
+            layers = list(self.layers)
             if layers:
                 attention, mlp = layers[0].attention, layers[0].mlp
                 shape = LayerShape(
