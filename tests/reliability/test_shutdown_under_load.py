@@ -22,11 +22,12 @@ from tests.reliability.support import (
 
 GRACE_S = 2.0
 SHORT, LONG = 24, 1000  # tokens: well within the grace period / far beyond it on two CPU cores
+LONGEST = 2000  # tokens: 32 prompt tokens at most plus these stay within the tiny model's 2,048 positions
 
 
-async def client(url: str, index: int, started: asyncio.Event) -> tuple[str, int, str]:
+async def client(url: str, index: int, started: asyncio.Event, tokens: int | None = None) -> tuple[str, int, str]:
     """(kind, tokens asked, how it ended)."""
-    stream, tokens = index % 2 == 0, (SHORT if index < 4 else LONG)
+    stream, tokens = index % 2 == 0, tokens or (SHORT if index < 4 else LONG)
     body = {"inputs": f"shutdown client {index}", "parameters": {**GREEDY, "max_new_tokens": tokens, "details": True}}
     kind = "stream" if stream else "plain"
     async with httpx.AsyncClient(base_url=url, timeout=60.0) as http:
@@ -93,17 +94,20 @@ def test_sigterm_drains_then_ends_the_rest_and_exits_0(tiny_model_dir: Path, tmp
 
 
 def test_a_second_signal_ends_streams_with_an_error_event_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
-    launched = start_launch(tiny_model_dir, tmp_path, extra_args=("--graceful-termination-timeout", "60"))
+    limits = ("--max-input-tokens", "32", "--max-total-tokens", str(32 + LONGEST))  # room for the long stream
+    launched = start_launch(tiny_model_dir, tmp_path, extra_args=("--graceful-termination-timeout", "60", *limits))
     try:
         with httpx.Client() as probe:
             launched.wait_healthy(probe)
 
         async def scenario() -> tuple[str, float]:
             started = asyncio.Event()
-            task = asyncio.ensure_future(client(launched.url, 6, started))  # a stream far beyond any grace
+            # a stream far beyond any grace: alone on two fast cores the tiny model once decoded LONG tokens
+            # within the second between the signals, so this one asks for the most its positions allow
+            task = asyncio.ensure_future(client(launched.url, 6, started, tokens=LONGEST))
             await asyncio.wait_for(started.wait(), timeout=60)
             launched.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.3)
             launched.proc.send_signal(signal.SIGTERM)
             second = time.monotonic()
             kind, tokens, how = await asyncio.wait_for(task, timeout=30)
