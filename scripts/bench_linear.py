@@ -3,6 +3,7 @@
 
     python scripts/bench_linear.py [--rows 1 2 4 8] [--dtypes bfloat16 float32] [--threads 2]
     python scripts/bench_linear.py --packed-sweep [--max-rows 64] [--write-table]
+    python scripts/bench_linear.py --many-rows [--rows 8 16 32 64]
 
 Each cell is the best of `--repeats` calls in milliseconds; the ratio column is torch / native.
 tgictl/kernels/linear.py's SMALL_LINEAR_MAX_ROWS is the largest row count where native wins.
@@ -12,6 +13,11 @@ prepacked for oneDNN as the shard holds them, so they stream from memory as in a
 count above SMALL_LINEAR_MAX_ROWS, and names the row counts that run faster zero-padded to more rows;
 --write-table stores them for this CPU kind in kernel_choices.json ("row_padding"), which
 DenseWeight reads (kernels/linear_methods/dispatch.py padded_rows).
+
+--many-rows times one pass over the 30 layers' 120 bf16 projections (distinct weights, streamed from memory as
+in a decode step) at each of --rows: oneDNN on prepacked copies, torch's F.linear on the plain weights, and
+kernels/linear.py's linear() (the AMX or VDPBF16PS kernel where it has one for that row count), passes
+interleaved, medians of --repeats.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS  # noqa: E402
+from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS, linear  # noqa: E402
 from tgictl.kernels.linear_methods.dispatch import TABLE_PATH, cpu_kind  # noqa: E402
 from tgictl.kernels.native import load_native_kernels  # noqa: E402
 from tgictl.kernels.prepacked import packed_linear, prepack  # noqa: E402
@@ -55,6 +61,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--packed-sweep", action="store_true")
+    parser.add_argument("--many-rows", action="store_true")
     parser.add_argument("--max-rows", type=int, default=64)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--write-table", action="store_true")
@@ -63,6 +70,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.packed_sweep:
         packed_sweep(args)
+        return
+    if args.many_rows:
+        many_rows(args)
         return
     native = load_native_kernels()
     if native is None:
@@ -81,6 +91,29 @@ def main() -> None:
                 cells.append(f"{name} {t:.3f}/{n:.3f}")
             print(f"{dtype_name} rows {rows}: " + ", ".join(cells)
                   + f"; sum torch {total_torch:.2f} native {total_native:.2f} ({total_torch / total_native:.2f}x)")
+
+
+def many_rows(args: argparse.Namespace) -> None:
+    plain = [torch.randn(n, k).bfloat16() for _ in range(args.layers) for _, n, k in SHAPES[:-1]]
+    packed = [prepack(w) for w in plain]
+    if any(p is None for p in packed):
+        raise SystemExit("oneDNN cannot prepack bf16 weights here: nothing to compare against")
+    print(f"cpu kind {cpu_kind()}; threads {torch.get_num_threads()}; ms per pass over {len(plain)} bf16 "
+          "projections, median")
+    for m in args.rows:
+        inputs = {k: torch.randn(m, k).bfloat16() for k in {w.shape[1] for w in plain}}
+        ways: dict[str, Callable[[], object]] = {
+            "oneDNN prepacked": lambda: [packed_linear(inputs[w.shape[1]], p, None) for w, p in zip(plain, packed)],
+            "F.linear": lambda: [F.linear(inputs[w.shape[1]], w) for w in plain],
+            "linear()": lambda: [linear(inputs[w.shape[1]], w) for w in plain],
+        }
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(args.repeats):  # interleaved: a slow moment hits every way alike
+            for name, fn in ways.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        print(f"rows {m}: " + ", ".join(f"{name} {statistics.median(t) * 1e3:.1f}" for name, t in times.items()))
 
 
 # Pad only where the padded row count is at least this much faster: the sweep's noise stays unpadded.

@@ -35,9 +35,9 @@ SMALL_LINEAR_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float3
 AMX_LINEAR_MAX_ROWS = 64
 AMX_FIRST_MAX_ROWS = 32
 # The VDPBF16PS kernel's rows: SmolLM2's 120 projections, weights streamed from memory, AMD EPYC Zen 5, 2
-# threads (scripts/bench_linear.py): 8 rows 7.2-8.6 ms against oneDNN's prepacked 8.0-10.2, 16 rows 7.4-10.1
-# against 9.2-11.4, 32 rows 10.9-13.2 against 13.2-13.8; at 64 rows 29-35 against 21-22 (and torch's F.linear
-# on the plain weight 25-28), so it stops at 32.
+# threads (scripts/bench_linear.py --many-rows): 8 rows 8.0 ms against oneDNN's prepacked 9.0, 16 rows 8.3
+# against 10.4, 32 rows 12.4 against 14.4; at 64 rows 29-35 against 21-23 (and torch's F.linear on the plain
+# weight 25-28), so it stops at 32.
 DPBF16_LINEAR_MAX_ROWS = 32
 
 
