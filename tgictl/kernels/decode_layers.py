@@ -8,10 +8,9 @@ results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it
 
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
-tiles), in
-bf16 on the CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says whether its
-layers have the plain shape (no biases, no q/k norms, no softcap; projections dense bf16 or int4 tiles, i.e.
---quantize int4 and a GGUF's Q4_0 / Q4_1): `LayerStack`. Otherwise the caller runs its layers in
+tiles), in bf16 on the CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says
+whether its layers have the plain shape (no biases, no q/k norms, no softcap; projections dense bf16 or int4
+tiles, i.e. --quantize int4 and a GGUF's Q4_0 / Q4_1): `LayerStack`. Otherwise the caller runs its layers in
 Python. int4 projections are multiplied by the C int4 kernel even where the dispatch table would pick
 torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the calls
 the loop saves are worth more than the table's margin).
