@@ -22,8 +22,8 @@
  * Returns 0, or -1 where this build lacks AVX512-BF16, m is outside 1..32, k is not a multiple of 4 or memory
  * is refused (the caller takes another kernel).
  */
-#include <stdint.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,8 +89,7 @@ static inline __attribute__((always_inline)) void strip(const uint32_t *xi, cons
 
 /* The widest strip for V vectors (NR = 24 / V weight rows), or one weight row for the tail. */
 static void strip_any(const uint32_t *xi, const uint16_t *w, int64_t k, const char *next, int64_t next_bytes, int V,
-                      int nr,
-                      float out[ACCUMULATORS][MAX_VECTORS * LANES]) {
+                      int nr, float out[ACCUMULATORS][MAX_VECTORS * LANES]) {
     switch (V * 32 + nr) {
         STRIP_CASE(1, 24) STRIP_CASE(2, 12) STRIP_CASE(3, 8) STRIP_CASE(4, 6)
         STRIP_CASE(1, 1) STRIP_CASE(2, 1) STRIP_CASE(3, 1) STRIP_CASE(4, 1)
@@ -143,15 +142,19 @@ int tgictl_dpbf16_decoded_linear(const uint16_t *x, const uint16_t *weight, tgic
         for (int64_t s = id; s < strips && !failed; s += count) { /* round robin: a thread knows its next strip */
             const int64_t j0 = strip_row(s, full, NR), next = s + count;
             const int nr = s < full ? NR : 1;
-            const uint16_t *rows = weight + j0 * k;
-            int64_t next_bytes = next < strips ? (next < full ? NR : 1) * k * 2 : 0;
+            const uint16_t *rows = decoded;
+            const char *next_rows = NULL; /* the thread's next strip, to prefetch: stored rows only */
+            int64_t next_bytes = 0;
             if (decode != NULL) { /* the decoder reads its blocks in order: the hardware prefetchers follow it */
                 decode(source, j0, nr, k, decoded, scratch);
-                rows = decoded;
-                next_bytes = 0;
+            } else {
+                rows = weight + j0 * k;
+                if (next < strips) {
+                    next_rows = (const char *)(weight + strip_row(next, full, NR) * k);
+                    next_bytes = (next < full ? NR : 1) * k * 2;
+                }
             }
             float out[ACCUMULATORS][MAX_VECTORS * LANES];
-            const char *next_rows = weight != NULL ? (const char *)(weight + strip_row(next, full, NR) * k) : NULL;
             strip_any(xi, rows, k, next_rows, next_bytes, V, nr, out);
             for (int64_t i = 0; i < m; i++) {
                 const int64_t lane = (i / ROWS_PER_VECTOR) * LANES + 2 * (i % ROWS_PER_VECTOR);
