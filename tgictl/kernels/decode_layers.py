@@ -8,12 +8,13 @@ results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it
 
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
-tiles), in bf16 on the CPU, on one rank, without LoRA rows and outside --batch-invariant; the model says
-whether its layers have the plain shape (no biases, no q/k norms, no softcap; projections dense bf16 or int4
-tiles, i.e. --quantize int4 and a GGUF's Q4_0 / Q4_1): `LayerStack`. Otherwise the caller runs its layers in
-Python. int4 projections are multiplied by the C int4 kernel even where the dispatch table would pick
-torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the calls
-the loop saves are worth more than the table's margin).
+tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
+--batch-invariant; the model says whether its layers have the plain shape (no biases, no q/k norms, no
+softcap; projections dense bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows
+(--quantize int8)): `LayerStack`. Otherwise the caller runs its layers in Python. int4 and int8 projections
+are multiplied by the C kernels even where the dispatch table would pick torch's for that shape (the loop
+cannot call torch; the two differ by float rounding, and the calls the loop saves are worth more than the
+table's margin).
 """
 
 from __future__ import annotations
@@ -34,17 +35,20 @@ from tgictl.kernels.linear import (
     dpbf16_linear_available,
     fma_linear_available,
 )
-from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, LinearWeight
+from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, Int8Weight, LinearWeight
 from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
 
 
 class _Linear(ctypes.Structure):
-    """csrc/decode_layers.c's linear_desc: bf16 rows (group 0) or int4 tiles."""
+    """csrc/decode_layers.c's linear_desc: bf16 rows (group 0), int4 tiles or int8 rows (group _INT8_ROWS)."""
 
     _fields_ = [("weight", ctypes.c_void_p), ("scales_zeros", ctypes.c_void_p), ("group", ctypes.c_int64),
                 ("k_pad", ctypes.c_int64)]
+
+
+_INT8_ROWS = -1  # csrc/decode_layers.c's INT8_ROWS: the group that marks int8 rows
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,10 @@ def _descriptor(weight: LinearWeight, out_in: tuple[int, int]) -> _Linear | None
         ok = packed.device.type == "cpu" and sz.dtype == torch.bfloat16 and packed.is_contiguous() \
             and sz.is_contiguous()
         return _Linear(packed.data_ptr(), sz.data_ptr(), weight.group_size, weight.padded_in_features) if ok else None
+    if isinstance(weight, Int8Weight):
+        q, scales = weight.qweight, weight.scales
+        ok = q.device.type == "cpu" and scales.dtype == torch.bfloat16 and q.is_contiguous() and scales.is_contiguous()
+        return _Linear(q.data_ptr(), scales.data_ptr(), _INT8_ROWS, 0) if ok else None
     return None
 
 
@@ -95,6 +103,8 @@ def _many_rows(weight: LinearWeight) -> bool:
         kernels = quant_kernels()
         return kernels is not None and kernels.int4_bf16_instructions != "none" \
             and weight.padded_in_features == weight.in_features
+    if isinstance(weight, Int8Weight):  # rows decoded per strip for AMX or VDPBF16PS (csrc/int8_linear.c)
+        return (amx_available() or dpbf16_linear_available()) and weight.in_features % 32 == 0
     return (amx_available() and weight.in_features % 32 == 0) \
         or (dpbf16_linear_available() and weight.in_features % 4 == 0) \
         or (fma_linear_available() and weight.in_features % 16 == 0)

@@ -6,13 +6,15 @@
  * on that path (input norm with the previous MLP output added, fused q|k|v projection, rotary and
  * the KV store, paged decode attention, o projection, post-attention norm with the residual, gate|up
  * projection, silu * up, down projection), so its results are those of the Python layers bit for bit
- * (for int4 weights: those of the Python layers on the C int4 kernels, which the dispatch table may
+ * (for int4 and int8 weights: those of the Python layers on the C kernels, which the dispatch table may
  * not pick for every shape); kernels/decode_layers.py decides when it may run (above 4 rows only where
- * the many-row kernels run: AMX or VDPBF16PS for bf16 rows, bf16 dot products for int4 tiles of k_pad == k).
+ * the many-row kernels run: AMX or VDPBF16PS for bf16 rows and decoded int8 rows, bf16 dot products for
+ * int4 tiles of k_pad == k).
  *
  * norms:   per layer the input norm and the post-attention norm weights [H], bf16;
  * linears: per layer qkv [(heads + 2 kv_heads) d, H], o [H, heads d], gate_up [2 I, H], down [H, I],
- *          each bf16 rows or int4 tiles (linear_methods/int4.py: packed tiles, bf16 scales and zeros);
+ *          each bf16 rows, int4 tiles (linear_methods/int4.py: packed tiles, bf16 scales and zeros) or int8
+ *          rows (linear_methods/int8.py: bf16 scales per row);
  * caches:  per layer, the key then the value cache [num_slots, kv_heads, d];
  * hidden:  [m, H] the residual stream before the first of the layers, overwritten with it after the
  *          last; delta: [m, H] the MLP output still to be added (read when has_delta), overwritten
@@ -52,19 +54,25 @@ int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const floa
                            int64_t n, int64_t k, int threads);
 int tgictl_dpbf16_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                               int64_t n, int64_t k, int threads);
+void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, int scales_bf16, const float *bias,
+                         float *y, int64_t m, int64_t n, int64_t k, int threads);
+int tgictl_qlinear_int8_bf16(const uint16_t *x, const int8_t *q, const uint16_t *scales, const float *bias,
+                             uint16_t *y, int64_t m, int64_t n, int64_t k, int threads);
 
 /* Up to this many rows the matrix-vector kernels (kernels/linear.py's SMALL_LINEAR_MAX_ROWS for bf16); above,
  * the many-row kernels: AMX on bf16 rows, else VDPBF16PS, else FMA (AVX2 builds; kernels/linear.py tries them in
- * the same order), the bf16-tile kernel on int4 (whose input width is then k_pad). */
+ * the same order), the bf16-tile kernel on int4 (whose input width is then k_pad), decoded strips on int8. */
 #define MATRIX_VECTOR_MAX_ROWS 4
 
 /* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
 typedef struct {
-    const void *weight;       /* bf16 [n, k] rows, or the int4 packed tiles */
-    const void *scales_zeros; /* int4: [k_pad / group, n_pad, 2] bf16; NULL for bf16 rows */
-    int64_t group;            /* int4 group size; 0 for bf16 rows */
-    int64_t k_pad;            /* int4: the packed input width; 0 for bf16 rows */
+    const void *weight;       /* bf16 [n, k] rows, the int4 packed tiles, or int8 [n, k] rows */
+    const void *scales_zeros; /* int4: [k_pad / group, n_pad, 2] bf16; int8: [n] bf16; NULL for bf16 rows */
+    int64_t group;            /* int4 group size; 0 for bf16 rows, INT8_ROWS for int8 rows */
+    int64_t k_pad;            /* int4: the packed input width; 0 otherwise */
 } linear_desc;
+
+#define INT8_ROWS (-1)
 
 enum { QKV, O_PROJ, GATE_UP, DOWN, LINEARS_PER_LAYER };
 
@@ -83,6 +91,15 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
  * int4_linear, takes the same kernel and converts the same way: y.to(bf16)). */
 static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
                   float *x32, float *y32, int threads) {
+    if (w->group == INT8_ROWS) {
+        if (m > MATRIX_VECTOR_MAX_ROWS)
+            return tgictl_qlinear_int8_bf16(x, w->weight, w->scales_zeros, NULL, y, m, n, k, threads);
+        /* linear_methods/native.py's int8_linear: float32 rows in, float32 out, rounded to bf16 */
+        for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
+        tgictl_qlinear_int8(x32, w->weight, w->scales_zeros, 1, NULL, y32, m, n, k, threads);
+        for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
+        return 0;
+    }
     if (m > MATRIX_VECTOR_MAX_ROWS) {
         if (w->group == 0) { /* kernels/linear.py's order: each declines where its build or shape does not fit */
             const uint16_t *weight = w->weight;

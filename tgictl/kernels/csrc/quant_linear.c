@@ -1,17 +1,17 @@
-/* y = x W^T + b for tgictl's own quantized formats (tgictl/kernels/linear_methods/int8.py, int4.py), on the CPU.
+/* y = x W^T + b for int4 tiles (tgictl/kernels/linear_methods/int4.py), on the CPU, for bf16 or float32 scales
+ * and any number of input rows (int8 rows: int8_linear.c).
  *
- * Decode at small batch reads every weight once per step: 4- or 8-bit weights move a quarter or half of
- * bf16's bytes. These kernels compute on the stored integers and apply the scales per row or group, so the
- * weights are never expanded in memory:
- *   int8:  y[i, n] = scale[n] * sum_k q[n, k] x[i, k]
- *   int4:  y[i, n] = sum_g scale[g, n] * sum_{k in g} q[n, k] x[i, k] + (zero[g, n] - 8 scale[g, n]) * sum_{k in g} x[i, k]
+ * Decode at small batch reads every weight once per step: 4-bit weights move a quarter of bf16's bytes. The
+ * kernel computes on the stored integers and applies the scales per group, so the weights are never
+ * expanded in memory:
+ *   y[i, n] = sum_g scale[g, n] * sum_{k in g} q[n, k] x[i, k] + (zero[g, n] - 8 scale[g, n]) * sum_{k in g} x[i, k]
  * which is the float matmul on the dequantized weights up to the order of float additions.
  *
- * Layouts (contiguous, row-major): x [m, k] float32 (the caller converts the few input rows once); int8
- * q [n, k] int8 with scales [n]; int4 tiles packed [ceil(n / 64), k_pad, 32] uint8 (byte j of tile t,
- * column c: row 64t + j in the low nibble, row 64t + 32 + j in the high one) with scales_zeros
- * [k_pad / group, n_pad, 2]. Scales are bf16 (uint16) or float32 (`scales_bf16` says which); bias [n]
- * float32 or NULL; y [m, n] float32. Parallel over output rows (tiles) with OpenMP, `threads` wide.
+ * Layouts (contiguous, row-major): x [m, k] float32 (the caller converts the few input rows once); int4
+ * tiles packed [ceil(n / 64), k_pad, 32] uint8 (byte j of tile t, column c: row 64t + j in the low nibble,
+ * row 64t + 32 + j in the high one) with scales_zeros [k_pad / group, n_pad, 2]. Scales are bf16 (uint16) or
+ * float32 (`sz_bf16` says which); bias [n] float32 or NULL; y [m, n] float32. Parallel over output rows
+ * (tiles) with OpenMP, `threads` wide.
  *
  * The loops are written for the compiler's vectoriser (built with -march=native: AVX-512 where the CPU
  * has it, AVX2 elsewhere, scalar code on neither); tests build the AVX2 and scalar variants too.
@@ -24,73 +24,16 @@
 #include <immintrin.h>
 #endif
 
-#include "amx.h"
 #include "bf16.h"
 #include "int4_scales.h"
 #include "vec16.h"
 
-#define ROWS_PER_CHUNK 16
 #define TILE 64
 #define HALF_TILE 32
 #define ROW_TILE 4 /* input rows sharing one pass over a weight tile */
 
 static inline float load_scale(const void *scales, int bf16, int64_t index) {
     return bf16 ? bf16_to_float(((const uint16_t *)scales)[index]) : ((const float *)scales)[index];
-}
-
-void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, int scales_bf16, const float *bias,
-                         float *y, int64_t m, int64_t n, int64_t k, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static, ROWS_PER_CHUNK)
-    for (int64_t row = 0; row < n; row++) {
-        const int8_t *w = q + row * k;
-        const float s = load_scale(scales, scales_bf16, row);
-        const float b = bias != NULL ? bias[row] : 0.0f;
-        for (int64_t i = 0; i < m; i++) {
-            const float *xi = x + i * k;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t j = 0; j < k; j++) dot += (float)w[j] * xi[j];
-            y[i * n + row] = dot * s + b;
-        }
-    }
-}
-
-struct int8_rows {
-    const int8_t *q;
-    const uint16_t *scales; /* bf16 */
-};
-
-#if defined(__AVX512BF16__)
-/* int8 rows times their scale, in bf16 (rounded to nearest even), for the many-row products. */
-static void decode_int8_strip(const void *source, int64_t row0, int rows, int64_t k, uint16_t *strip, float *scratch) {
-    const struct int8_rows *w = source;
-    (void)scratch;
-    for (int r = 0; r < rows; r++) {
-        const int8_t *q = w->q + (row0 + r) * k;
-        const __m512 s = _mm512_set1_ps(bf16_to_float(w->scales[row0 + r]));
-        for (int64_t j = 0; j < k; j += 32) {
-            const __m512 lo = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + j)))));
-            const __m512 hi = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + j + 16)))));
-            _mm512_storeu_si512(strip + r * k + j, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
-    }
-}
-#endif
-
-/* Many bf16 rows on strips of int8 rows decoded to bf16 (decoded_linear.h: AMX, else AVX512-BF16 up to 32
- * rows): x [m, k] bf16, scales [n] bf16, y [m, n] bf16; k a multiple of 32. Returns 0, or -1 where neither
- * takes the call (the caller takes another backend). */
-int tgictl_qlinear_int8_bf16(const uint16_t *x, const int8_t *q, const uint16_t *scales, const float *bias,
-                             uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
-#if defined(__AVX512BF16__)
-    if (k % 32 != 0) return -1;
-    const struct int8_rows rows = {q, scales};
-    if (tgictl_amx_decoded_linear(x, NULL, decode_int8_strip, &rows, bias, y, m, n, k, threads) == 0) return 0;
-    return tgictl_dpbf16_decoded_linear(x, NULL, decode_int8_strip, &rows, bias, y, m, n, k, threads);
-#else
-    (void)x, (void)q, (void)scales, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
-    return -1;
-#endif
 }
 
 /* One tile of 64 output rows against up to ROW_TILE input rows. */

@@ -68,9 +68,10 @@ class Int8Weight(LinearWeight):
 
 
 def _torch_int8(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor | None:
-    """torch's CPU kernel; it wants the scales in x's dtype."""
+    """torch's CPU kernel; it wants the scales in x's dtype, and input widths in multiples of 16 (torch 2.13's
+    kernel reads them 16 at a time: at 8, 24 or 100 it crashed the process)."""
     assert isinstance(weight, Int8Weight)
-    if x.device.type != "cpu" or x.dtype != weight.scales.dtype or x.dim() != 2:
+    if x.device.type != "cpu" or x.dtype != weight.scales.dtype or x.dim() != 2 or x.shape[1] % 16 != 0:
         return None
     out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), weight.qweight, weight.scales)
     return out if bias is None else out + bias

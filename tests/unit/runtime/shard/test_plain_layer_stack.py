@@ -23,7 +23,7 @@ from shard_helpers import (
 )
 
 from tgictl.kernels.decode_layers import decode_layers
-from tgictl.kernels.linear_methods import Int4Weight, dispatch
+from tgictl.kernels.linear_methods import Int4Weight, Int8Weight, dispatch
 from tgictl.kernels.metadata import AttentionMetadata
 from tgictl.kernels.native import cpu_flags
 from tgictl.proto.messages import SamplingParams
@@ -96,10 +96,10 @@ def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
              monkeypatch)
 
 
-def _native_int4_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Python layers' int4 products on the C kernels, as the loop computes them: the matrix-vector one
-    up to 4 rows, the bf16-tile one above (the dispatch table may choose torch's kernel for some shapes;
-    they differ by float rounding)."""
+def _native_kernels_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python layers' int4 and int8 products on the C kernels, as the loop computes them: the
+    matrix-vector ones up to 4 rows, the bf16 ones above (bf16 tiles, decoded int8 strips; the dispatch
+    table may choose torch's kernel for some shapes; they differ by float rounding)."""
     monkeypatch.setattr(dispatch, "backend_order", lambda weight, x: ("native",) if x.shape[0] <= 4 else
                         ("native_bf16", "native"))
 
@@ -112,7 +112,7 @@ def test_int4_layers_equal_the_python_layers_on_the_c_kernel(
     spec = QuantizeSpec("int4", group)
     compiled = make_runner(model_dir, dtype=torch.bfloat16, quantize=spec)
     assert isinstance(compiled.model.layers[0].mlp.down.weight, Int4Weight)
-    _native_int4_only(monkeypatch)
+    _native_kernels_only(monkeypatch)
     _compare(compiled, make_runner(model_dir, dtype=torch.bfloat16, quantize=spec), rows, monkeypatch)
 
 
@@ -121,14 +121,20 @@ def test_a_gguf_s_q4_1_layers_equal_the_python_layers(tmp_path: Path, monkeypatc
     directory = gguf_model_dir(path, tmp_path / "cache")
     compiled = make_runner(directory, dtype=torch.bfloat16)
     assert isinstance(compiled.model.layers[0].attention.qkv.weight, Int4Weight)  # Q4_1 re-laid as int4 tiles
-    _native_int4_only(monkeypatch)
+    _native_kernels_only(monkeypatch)
     for rows in (2, 6):
         _compare(compiled, make_runner(directory, dtype=torch.bfloat16), rows, monkeypatch)
 
 
-def test_int8_layers_keep_the_python_layers(model_dir: Path) -> None:
-    runner = make_runner(model_dir, dtype=torch.bfloat16, quantize=QuantizeSpec("int8"))
-    assert runner.model.plain_layer_stack() is None
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_int8_layers_equal_the_python_layers_on_the_c_kernel(
+    model_dir: Path, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiled = make_runner(model_dir, dtype=torch.bfloat16, quantize=QuantizeSpec("int8"))
+    assert isinstance(compiled.model.layers[0].mlp.down.weight, Int8Weight)
+    _native_kernels_only(monkeypatch)
+    _compare(compiled, make_runner(model_dir, dtype=torch.bfloat16, quantize=QuantizeSpec("int8")), rows,
+             monkeypatch)
 
 
 def _decode_inputs(
