@@ -25,10 +25,9 @@
 #include <immintrin.h>
 #endif
 
-#include <omp.h>
-
 #include "decoded_linear.h"
 #include "bf16.h"
+#include "thread_rows.h"
 #include "vec16.h"
 
 #define LINE 64       /* int8 columns per line: one 64-byte load per weight row */
@@ -103,10 +102,8 @@ void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, in
     const int64_t vector_k = xs != NULL ? kv : 0; /* refused scratch: every column on the scalar tail */
 #pragma omp parallel num_threads(threads)
     {
-        const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
-        const int64_t tiles = n / TILE;
-        const int64_t lo = tiles * part / parts * TILE;
-        const int64_t hi = part == parts - 1 ? n : tiles * (part + 1) / parts * TILE;
+        int64_t lo, hi;
+        thread_rows(n, TILE, &lo, &hi);
         for (int64_t i0 = 0; i0 < m; i0 += MAX_XROWS) {
             const int64_t rows = m - i0 < MAX_XROWS ? m - i0 : MAX_XROWS;
             const float *xsi = xs + i0 * vector_k, *xti = x + i0 * k;

@@ -23,9 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <omp.h>
-
 #include "bf16.h"
+#include "thread_rows.h"
 #include "vec16.h"
 
 /* Output features per OpenMP chunk of the f32 kernel: enough rows to amortise scheduling, few enough to balance. */
@@ -122,10 +121,8 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
     }
 #pragma omp parallel num_threads(threads)
     {
-        const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
-        const int64_t tiles = n / TILE;
-        const int64_t lo = tiles * part / parts * TILE;
-        const int64_t hi = part == parts - 1 ? n : tiles * (part + 1) / parts * TILE;
+        int64_t lo, hi;
+        thread_rows(n, TILE, &lo, &hi);
         for (int64_t i0 = 0; i0 < m; i0 += MAX_XROWS) {
             const int64_t rows = m - i0 < MAX_XROWS ? m - i0 : MAX_XROWS;
             const float *xsi = xs + i0 * kv, *xti = xt + i0 * k;
