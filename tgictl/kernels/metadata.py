@@ -221,7 +221,9 @@ def build_attention_metadata(
         max_block_id=max(max(t, default=0) for t in block_tables),
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int64, device=device),
         cu_seqlens_k=torch.tensor([0] + list(accumulate(context_lens)), dtype=torch.int64, device=device),
-        context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
+        # a decode-only batch's context lengths are its decode plan's
+        context_lens=decode.context_lens if decode_only and decode is not None
+        else torch.tensor(context_lens, dtype=torch.int64, device=device),
         position_ids=positions.to(device),
         new_token_slots=new_slots.to(device),
         block_tables=tables_cpu.to(device),

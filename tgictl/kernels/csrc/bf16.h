@@ -22,4 +22,10 @@ static inline uint16_t float_to_bf16(float f) {
 
 static inline float load_f32(float x) { return x; }
 
+/* Element `index` of an array that holds bf16 (uint16) or float32 values, as float32: the kernels that take
+ * either for their inputs or scales. */
+static inline float bf16_or_f32_at(const void *p, int is_bf16, int64_t index) {
+    return is_bf16 ? bf16_to_float(((const uint16_t *)p)[index]) : ((const float *)p)[index];
+}
+
 #endif

@@ -37,10 +37,6 @@
 
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-static inline float load_scale(const void *scales, int bf16, int64_t index) {
-    return bf16 ? bf16_to_float(((const uint16_t *)scales)[index]) : ((const float *)scales)[index];
-}
-
 /* Byte b of every 32-bit lane, sign-extended, as float32. */
 static inline v16f byte_as_float(v16u u, int b) {
     const v16i shifted = (v16i)(u << (24 - 8 * b));
@@ -118,13 +114,14 @@ void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, in
                 }
                 for (int64_t i = 0; i < rows; i++)
                     for (int t = 0; t < TILE; t++)
-                        y[(i0 + i) * n + r + t] = sums[i][t] * load_scale(scales, scales_bf16, r + t) +
+                        y[(i0 + i) * n + r + t] = sums[i][t] * bf16_or_f32_at(scales, scales_bf16, r + t) +
                                                   (bias != NULL ? bias[r + t] : 0.0f);
             }
             for (; r < hi; r++)
                 for (int64_t i = 0; i < rows; i++)
                     y[(i0 + i) * n + r] = row_int8(q + r * k, xsi + i * vector_k, xti + i * k, k, vector_k) *
-                                              load_scale(scales, scales_bf16, r) + (bias != NULL ? bias[r] : 0.0f);
+                                              bf16_or_f32_at(scales, scales_bf16, r) +
+                                          (bias != NULL ? bias[r] : 0.0f);
         }
     }
     free(xs);

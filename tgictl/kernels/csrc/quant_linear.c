@@ -32,10 +32,6 @@
 #define HALF_TILE 32
 #define ROW_TILE 4 /* input rows sharing one pass over a weight tile */
 
-static inline float load_scale(const void *scales, int bf16, int64_t index) {
-    return bf16 ? bf16_to_float(((const uint16_t *)scales)[index]) : ((const float *)scales)[index];
-}
-
 /* One tile of 64 output rows against up to ROW_TILE input rows. */
 static inline void int4_tile(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16,
                       int64_t group, int64_t groups, int64_t n_pad, int64_t row0, int64_t rows, int64_t k,
@@ -62,8 +58,8 @@ static inline void int4_tile(const float *x, const float *xsum, const uint8_t *t
         const int64_t base = (g * n_pad + row0) * 2;
         float scale[TILE], offset[TILE];
         for (int j = 0; j < TILE; j++) {
-            scale[j] = load_scale(sz, sz_bf16, base + 2 * j);
-            offset[j] = load_scale(sz, sz_bf16, base + 2 * j + 1) - 8.0f * scale[j];
+            scale[j] = bf16_or_f32_at(sz, sz_bf16, base + 2 * j);
+            offset[j] = bf16_or_f32_at(sz, sz_bf16, base + 2 * j + 1) - 8.0f * scale[j];
         }
         for (int64_t r = 0; r < rows; r++) {
             const float xs = xsum[r * groups + g];

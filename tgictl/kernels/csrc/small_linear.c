@@ -51,10 +51,6 @@ void tgictl_small_linear_f32(const float *x, const float *weight, const float *b
 #define MAX_XROWS 4  /* input rows per pass over the weights */
 #define PREFETCH_TILES 2
 
-static inline float x_at(const void *x, int x_bf16, int64_t index) {
-    return x_bf16 ? bf16_to_float(((const uint16_t *)x)[index]) : ((const float *)x)[index];
-}
-
 /* Rows r..r+TILE-1 of w against M input rows. xs: [M][kv] even|odd float32 halves; xt: [M][k] float32
  * (the columns past kv). sums[i][t]: row r + t of input row i. M is a constant at each call site. */
 static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *w, const float *xs, const float *xt,
@@ -112,7 +108,7 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
     if (xs == NULL) return -1;
     float *xt = xs + m * kv;
     for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < k; j++) xt[i * k + j] = x_at(x, x_bf16, i * k + j);
+        for (int64_t j = 0; j < k; j++) xt[i * k + j] = bf16_or_f32_at(x, x_bf16, i * k + j);
         for (int64_t c = 0; c < kv; c += CHUNK)
             for (int e = 0; e < 16; e++) {
                 xs[i * kv + c + e] = xt[i * k + c + 2 * e];
