@@ -135,3 +135,17 @@ def test_a_bad_speculate_value_is_one_line() -> None:
     result = run_tgictl("shard", "--speculate", "17", "--model-id", "/nonexistent")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["Error: speculate must be in 0 .. 16, got 17"]
+
+
+def test_building_the_cli_leaves_the_benchmark_libraries_unimported() -> None:
+    # Every shard and router process builds the whole CLI: the bench command's HTTP client, tokenizer and
+    # report libraries (~10 MiB of RSS) load only when `tgictl bench` runs.
+    code = (
+        "import sys; from tgictl.cli import _RunState, build_app; build_app(_RunState()); "
+        "print(sorted(m for m in ('httpx', 'tokenizers', 'jinja2', 'tgictl.runtime.bench.report') if m in sys.modules))"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                          env=env, cwd=repo)
+    assert done.stdout.strip() == "[]"

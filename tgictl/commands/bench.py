@@ -19,9 +19,6 @@ from rich.console import Console
 
 from tgictl.config import BENCH_APIS, BENCH_WORKLOADS, BenchConfig, LogConfig
 from tgictl.errors import ConfigError
-from tgictl.runtime.bench.report import json_safe
-from tgictl.runtime.bench.stats import parse_slo
-from tgictl.runtime.bench.workloads import parse_range
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:
@@ -105,6 +102,12 @@ def bench(
     warmups: int = typer.Option(1, "--warmups", help="--shard: unmeasured runs per batch size."),
 ) -> None:
     """Benchmark a server over HTTP, or a shard over gRPC (like TGI's text-generation-benchmark)."""
+    # Imported here, not at the top: every tgictl process builds the whole CLI, and these pull in the
+    # HTTP client, the tokenizer and the report's libraries (~10 MiB of RSS in each shard and router).
+    from tgictl.runtime.bench.report import json_safe
+    from tgictl.runtime.bench.stats import parse_slo
+    from tgictl.runtime.bench.workloads import parse_range
+
     config = BenchConfig(
         url=url, shard_uds_path=shard, api=api, model_id=model_id, tokenizer=tokenizer, api_key=api_key,
         workload=workload, input_len=parse_range(input_len, "--input-len"),
