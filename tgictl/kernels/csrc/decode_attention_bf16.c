@@ -14,8 +14,9 @@
  * bf16 values, the scale applied to the score), summed across lanes for the 16 keys together (a transposing
  * tree instead of 16 horizontal sums); then each head's running maximum and sum (flash decoding); then p v
  * in float32 per KV head, its group's value sums in registers, its rows now in L1/L2. The next block's rows
- * are asked for while this one computes. The chunks of a sequence are merged by their maxima and sums in
- * float32 and rounded to bf16 once.
+ * are asked for while this one computes, and each 96 KiB window of the chunk's rows is read once in a tight
+ * loop before its blocks are computed (read_ahead). The chunks of a sequence are merged by their maxima and
+ * sums in float32 and rounded to bf16 once.
  *
  * Layouts (paged_decode.c's): query, out [n, heads, d] bf16; caches [num_slots, kv_heads, d] bf16; slots
  * [n, max_len] int64; context_lens [n] int64. Returns 0; -1 when scratch memory is refused; -2 when this
