@@ -179,10 +179,9 @@ def build_attention_metadata(
         )
 
     # Per query row: its sequence and its absolute position.
-    if decode_only:  # one row per sequence, at its cache length
+    if decode_only:  # one row per sequence, at its cache length: the last visible slot of its decode row
         positions = torch.tensor(cache_lens, dtype=torch.int64)
-        new_slots = torch.tensor([table[c // block_size] * block_size + c % block_size
-                                  for table, c in zip(block_tables, cache_lens)], dtype=torch.int64)
+        new_slots = slots.gather(1, positions[:, None])[:, 0]
     else:
         new_t = torch.tensor(new_lens, dtype=torch.int64)
         row_seq = torch.repeat_interleave(torch.arange(len(new_lens)), new_t)  # [num_tokens]
