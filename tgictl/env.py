@@ -257,6 +257,20 @@ SHARD_ONEDNN_CACHE_CAPACITY = 64
 THP_VAR = "THP_MEM_ALLOC_ENABLE"
 
 
+# glibc gives each thread that allocates under contention an arena of its own (up to 8 per core), and
+# memory freed in one arena serves no other. The shard's allocations come from its device thread and
+# a few gRPC threads, so whichever thread happened to touch a buffer first decided where ~35 MiB of
+# free memory stayed: its RSS when ready was 671 or 685-708 MiB from run to run (bf16 SmolLM2, 128 MiB
+# KV cache). With one arena it is 671 in every run. A user's MALLOC_ARENA_MAX wins.
+MALLOC_ARENA_VAR = "MALLOC_ARENA_MAX"
+SHARD_MALLOC_ARENAS = 1
+
+
+def shard_malloc_arenas() -> int | None:
+    """The arena limit the shard sets for glibc's malloc; None where the user set MALLOC_ARENA_MAX."""
+    return None if MALLOC_ARENA_VAR in os.environ else SHARD_MALLOC_ARENAS
+
+
 def apply_shard_library_defaults() -> None:
     """Set the shard's defaults for the libraries it loads (a user's own setting wins). Call before
     the first matmul and before the model and KV cache are allocated: oneDNN reads its variable when it

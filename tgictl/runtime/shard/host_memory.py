@@ -1,9 +1,11 @@
-"""Giving freed host memory back to the operating system.
+"""Giving freed host memory back to the operating system, and keeping it in one malloc arena.
 
 glibc's malloc keeps memory that large temporaries (the weights' fused copies at load, the probe
-forward's activations at warmup) gave back, so the shard's RSS would stay at its peak for good. After
-those two one-off phases the shard asks malloc to return its free pages (`malloc_trim`). Elsewhere
-than glibc there is no such call, and nothing happens.
+forward's activations at warmup, a long prompt's activations and logits) gave back, so the shard's RSS
+would stay at its peak for good. After the two one-off phases, whenever the shard goes idle (its last
+batch finished: servicer.py) and every TRIM_EVERY_STEPS steps under load (runtime.py), it asks malloc to
+return its free pages (`malloc_trim`). The shard also keeps malloc to one arena (env.py says why).
+Elsewhere than glibc there are no such calls, and nothing happens.
 """
 
 from __future__ import annotations
@@ -14,20 +16,23 @@ import functools
 import gc
 from collections.abc import Callable
 
+# mallopt's parameter number for the arena limit (glibc's malloc.h M_ARENA_MAX)
+_M_ARENA_MAX = -8
+
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None elsewhere."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+def _glibc_function(name: str, argtypes: tuple[type, ...]) -> Callable[..., int] | None:
+    """A glibc malloc function, looked up once (find_library runs ldconfig); None elsewhere."""
+    library = ctypes.util.find_library("c")
+    if library is None:
         return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        function = getattr(ctypes.CDLL(library), name)
     except (OSError, AttributeError):  # not glibc (musl, macOS)
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function
 
 
 def release_free_memory(collect_garbage: bool = False) -> bool:
@@ -38,8 +43,15 @@ def release_free_memory(collect_garbage: bool = False) -> bool:
     """
     if collect_garbage:
         gc.collect()
-    trim = _malloc_trim()
+    trim = _glibc_function("malloc_trim", (ctypes.c_size_t,))
     if trim is None:
         return False
     trim(0)
     return True
+
+
+def limit_malloc_arenas(count: int) -> bool:
+    """Cap glibc's malloc arenas (env.py says why); False where that is not possible. Call before the
+    process starts its threads: a thread keeps the arena it already has."""
+    mallopt = _glibc_function("mallopt", (ctypes.c_int, ctypes.c_int))
+    return mallopt is not None and mallopt(_M_ARENA_MAX, count) == 1

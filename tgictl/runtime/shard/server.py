@@ -24,13 +24,14 @@ import grpc.aio
 import torch
 
 from tgictl.config import HubConfig, ShardConfig
-from tgictl.env import apply_shard_library_defaults, read_env
+from tgictl.env import apply_shard_library_defaults, read_env, shard_malloc_arenas
 from tgictl.errors import ConfigError, DeviceError
 from tgictl.kernels.batch_invariance import enable_batch_invariance
 from tgictl.progress import phase
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
 from tgictl.runtime.shard.dist import DistContext, destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
+from tgictl.runtime.shard.host_memory import limit_malloc_arenas
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
 from tgictl.runtime.shard.uds import (
@@ -78,6 +79,9 @@ def _resolve_adapters(config: ShardConfig, hub: HubConfig | None) -> list[tuple[
 def serve(config: ShardConfig, hub: HubConfig | None = None) -> None:
     """Serve one rank until SIGTERM/SIGINT. Raises DeviceError after an unrecoverable RPC error."""
     apply_shard_library_defaults()
+    arenas = shard_malloc_arenas()
+    if arenas is not None:
+        limit_malloc_arenas(arenas)  # before the worker and gRPC threads exist
     socket_path = config.socket_path(config.rank)
     prepare_socket_dir(socket_path.parent)
     check_socket_path(socket_path)

@@ -41,6 +41,7 @@ from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.batch_store import BatchStore
 from tgictl.runtime.shard.decode_steps import check_steps, merge_steps
 from tgictl.runtime.shard.faults import StepFaults
+from tgictl.runtime.shard.host_memory import release_free_memory
 from tgictl.runtime.shard.lookahead import StepAhead, merge_outputs
 from tgictl.runtime.shard.runtime import ShardRuntime, StepOutput
 from tgictl.tracing import server_span
@@ -336,6 +337,10 @@ class ShardServicer(TextGenerationServiceServicer):
     def _store_step(self, consumed: Sequence[int], output: StepOutput) -> StepResult:
         generations, next_batch, timings = output
         self.store.replace(consumed, next_batch)
+        if not self.store:
+            # Idle: no batch left. The step's freed activations stay in malloc's heap until a trim
+            # (host_memory.py); posted, it runs after this answer and before any later RPC's job.
+            self.worker.post(release_free_memory, name="heap trim")
         cached = next_batch.to_cached() if next_batch is not None else None
         if self.ahead.eligible(next_batch) and self._loop is not None:
             assert next_batch is not None

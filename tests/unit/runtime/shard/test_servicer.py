@@ -8,11 +8,13 @@ failure into INTERNAL, reports it once, and refuses every later RPC.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import pytest
+import torch
 from servicer_helpers import paged_request, serving
 
 from tgictl.proto import convert
@@ -25,6 +27,7 @@ from tgictl.proto.messages import (
     SamplingParams,
     StoppingParams,
 )
+from tgictl.runtime.shard.host_memory import release_free_memory
 from tgictl.runtime.shard.servicer import DeviceWorker
 
 
@@ -128,3 +131,37 @@ def test_a_job_whose_client_left_is_reported_as_abandoned() -> None:
 
     still_waited, gone = asyncio.run(scenario())
     assert still_waited == [] and gone == ["warmup"]
+
+
+def _rss_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file() or not release_free_memory(),
+                    reason="needs glibc's malloc_trim and /proc (Linux)")
+def test_the_shard_gives_freed_heap_back_once_its_last_batch_finishes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Freed memory on the device thread's heap (as a long prompt's activations leave it) goes back to the
+    OS after the step that empties the shard's batch store, not only every TRIM_EVERY_STEPS steps."""
+
+    def litter() -> torch.Tensor:
+        parts = [torch.ones(16384) for _ in range(4096)]  # 256 MiB in 64 KiB pieces: on the heap, not mmap
+        keep = torch.zeros(8)  # allocated last: the freed pieces are not all at the heap's top
+        del parts
+        return keep
+
+    async def body() -> tuple[float, float, float]:
+        async with serving(tiny_model_dir, tmp_path / "s", []) as (stub, servicer):
+            before = _rss_mib()
+            keep = servicer.worker.call(litter)
+            littered = _rss_mib()
+            finished = Batch(1, (paged_request(1, 1, tuple(range(10, 30)), new=1),))
+            reply = await stub.Prefill(convert.prefill_request_to_pb(PrefillRequest(finished)))
+            assert not reply.HasField("batch") and len(servicer.store) == 0
+            assert servicer.worker.drain(10)  # the posted trim
+            del keep
+            return before, littered, _rss_mib()
+
+    before, littered, after = asyncio.run(body())
+    assert littered > before + 192  # free() alone kept the pieces
+    assert after < littered - 192
