@@ -10,7 +10,8 @@ For every mode the script starts `tgictl launch` (bf16: the safetensors model; i
   window is sent to TGI's /generate with `decoder_input_details` (prompt logprobs, as TGI returns them)
   and max_new_tokens 1. Perplexity = exp(mean negative logprob) over every scored prompt token (each
   window's first token has none). Every mode scores the same strings.
-- memory: the resident set (VmRSS, of it RssAnon: not file pages) and its peak (VmHWM) of the shard process after the windows, with
+- memory: the resident set (VmRSS, of it RssAnon: not file pages) and its peak (VmHWM) of the shard process once idle
+  after the windows (its heap trimmed, IDLE_TRIM_DELAY_S), with
   the same KV budget for every mode (--kv-cache-memory).
 """
 
@@ -20,6 +21,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,7 @@ from bench_common import free_port, managed_server, repo_env
 from tgictl.config import DEFAULT_MODEL_ID
 from tgictl.runtime.bench.load_test import load_tokenizer
 from tgictl.runtime.model_files.resolve import packaged_gguf_path, resolve_model
+from tgictl.runtime.shard.servicer import IDLE_TRIM_DELAY_S
 
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 # mode -> (serves the GGUF file, extra `tgictl launch` arguments)
@@ -102,6 +105,7 @@ def main() -> None:
             for name, parts in texts.items():
                 logprobs = [lp for window in parts for lp in prompt_logprobs(url, window)]
                 perplexity[name] = math.exp(-sum(logprobs) / len(logprobs))
+            time.sleep(IDLE_TRIM_DELAY_S + 1.0)  # the resident set once idle: after the shard's heap trim
             memory = shard_memory(process.pid)
         results[mode] = {"perplexity": perplexity, **memory}
         shown = ", ".join(f"{Path(n).name} {p:.3f}" for n, p in perplexity.items())

@@ -140,9 +140,10 @@ def _rss_mib() -> float:
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file() or not release_free_memory(),
                     reason="needs glibc's malloc_trim and /proc (Linux)")
-def test_the_shard_gives_freed_heap_back_once_its_last_batch_finishes(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_the_shard_gives_freed_heap_back_once_it_has_stayed_idle(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Freed memory on the device thread's heap (as a long prompt's activations leave it) goes back to the
-    OS after the step that empties the shard's batch store, not only every TRIM_EVERY_STEPS steps."""
+    OS once the shard has held no batch for the idle delay, not only every TRIM_EVERY_STEPS steps; and not
+    at once, so back-to-back prompts do not fault the same pages in again."""
 
     def litter() -> torch.Tensor:
         parts = [torch.ones(16384) for _ in range(4096)]  # 256 MiB in 64 KiB pieces: on the heap, not mmap
@@ -150,18 +151,24 @@ def test_the_shard_gives_freed_heap_back_once_its_last_batch_finishes(tiny_model
         del parts
         return keep
 
-    async def body() -> tuple[float, float, float]:
-        async with serving(tiny_model_dir, tmp_path / "s", []) as (stub, servicer):
+    delay = 1.0
+
+    async def body() -> tuple[float, float, float, float]:
+        async with serving(tiny_model_dir, tmp_path / "s", [], idle_trim_delay_s=delay) as (stub, servicer):
             before = _rss_mib()
             keep = servicer.worker.call(litter)
             littered = _rss_mib()
             finished = Batch(1, (paged_request(1, 1, tuple(range(10, 30)), new=1),))
             reply = await stub.Prefill(convert.prefill_request_to_pb(PrefillRequest(finished)))
             assert not reply.HasField("batch") and len(servicer.store) == 0
+            assert servicer.worker.drain(10)
+            at_once = _rss_mib()
+            await asyncio.sleep(delay + 0.5)
             assert servicer.worker.drain(10)  # the posted trim
             del keep
-            return before, littered, _rss_mib()
+            return before, littered, at_once, _rss_mib()
 
-    before, littered, after = asyncio.run(body())
+    before, littered, at_once, idle = asyncio.run(body())
     assert littered > before + 192  # free() alone kept the pieces
-    assert after < littered - 192
+    assert at_once > littered - 64  # no trim right after the step
+    assert idle < littered - 192
