@@ -47,8 +47,10 @@ from tgictl.runtime.shard.sampling.stopping import finish_reason
 from tgictl.runtime.shard.speculation.drafter import Drafter, RowDrafter, batch_drafts
 from tgictl.runtime.shard.speculation.verify import accepted_length, expand
 
-# Prompt positions scored per log-softmax (see ModelRunner._prompt_logprobs).
-PROMPT_LOGPROB_ROWS = 512
+# Prompt positions scored per LM head call and log-softmax (see ModelRunner._prompt_logprobs). 128 against 512:
+# the bf16 shard's peak RSS during warmup (4,096 prompt tokens) ~100 MiB lower, warmup no slower (4.8-5.9 s
+# against 6.0-6.2 s, SmolLM2 on 2 cores).
+PROMPT_LOGPROB_ROWS = 128
 
 
 class ModelRunner:
@@ -93,13 +95,14 @@ class ModelRunner:
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {tokens}")
         self.max_prefill_tokens = tokens
 
-    def forward(self, inputs: StepInputs) -> Tensor:
-        """Logits [n, V] float32 at `inputs.logit_indices`; writes the new tokens' K/V."""
+    def forward_hidden(self, inputs: StepInputs) -> Tensor:
+        """The final hidden states [n, H] at `inputs.logit_indices` (`model.logits` of them are the logits);
+        writes the new tokens' K/V."""
         meta = AttentionMetadata.build(
             inputs.cache_lens, inputs.new_lens, inputs.block_tables, self.block_size, self.device
         )
         with torch.inference_mode():
-            return self.model.forward(
+            return self.model.forward_hidden(
                 inputs.input_ids, inputs.positions, inputs.slots, self.kv_cache, meta, inputs.logit_indices,
                 inputs.adapters,
             )
@@ -112,8 +115,11 @@ class ModelRunner:
         constrained = [(row.matcher, b) for b, row in enumerate(rows) if row.matcher is not None and emits[b]]
         masks = MaskJob(self.grammars, constrained, len(rows)) if constrained and self.grammars else None
         self.last_masks = masks
-        logits = self.forward(inputs)  # [n, V]; the masks are computed meanwhile
-        sample_logits = logits if inputs.sample_rows is None else logits.index_select(0, inputs.sample_rows)
+        hidden = self.forward_hidden(inputs)  # [n, H]; the masks are computed meanwhile
+        # With prompt logprobs most rows are prompt rows: those get their logits a slice at a time in
+        # _prompt_logprobs, never all at once (4,096 prompt tokens: 0.4 GB of bf16 logits).
+        sampled = hidden if inputs.sample_rows is None else hidden.index_select(0, inputs.sample_rows)
+        sample_logits = self.model.logits(sampled)
         # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.
         generated = [row.generated for row in rows]
         allowed = masks.allowed(self.vocab_size, self.device) if masks is not None else None
@@ -136,7 +142,7 @@ class ModelRunner:
         if wants_top and chosen.log_probs is not None:  # one count per scored position (drafts included)
             per_position = [n for n, row in zip(top_n, rows) for _ in range(1 + len(row.draft))]
             top = top_n_tokens(chosen.log_probs, per_position)
-        prompt_lps, prompt_tops = self._prompt_logprobs(logits, inputs, rows) if reports else ({}, {})
+        prompt_lps, prompt_tops = self._prompt_logprobs(hidden, inputs, rows, reports)
         next_ids: list[int] = chosen.next_ids.tolist()  # waits for the device: the forward ends here
         next_lps: list[float] = chosen.logprobs.tolist()
         forward_done = time.perf_counter_ns()
@@ -222,13 +228,15 @@ class ModelRunner:
             row.chunk_len = 1 + len(row.draft)
 
     def _prompt_logprobs(
-        self, logits: Tensor, inputs: StepInputs, rows: list[RowState]
+        self, hidden: Tensor, inputs: StepInputs, rows: list[RowState], reports: bool
     ) -> tuple[dict[int, list[float]], dict[int, list[tuple[list[int], list[float]]]]]:
         """Raw-logit log-probabilities of each next prompt token, for rows that asked (TGI's FlashCausalLM.generate_token, prefill logprobs),
         and, for rows that also asked for top_n_tokens, the most likely tokens at those positions.
 
         Logit row j of a chunk starting at position c predicts prompt token c + j + 1; the last row of
         the prompt's final chunk predicts the first generated token instead and is left out.
+        hidden: `forward_hidden`'s rows. Every rank runs the LM head on the same slices (its collectives);
+        only a rank that `reports` computes the scores (empty results elsewhere).
         """
         if not inputs.prompt_spans:
             return {}, {}
@@ -245,19 +253,24 @@ class ModelRunner:
         top_n = [rows[b].request.top_n_tokens for b, count in counts.items() for _ in range(count)]
         flat: list[float] = []
         tops: list[tuple[list[int], list[float]]] | None = [] if any(top_n) else None
-        # [m, V] -> [m]: only the chosen column survives, but log_softmax needs the whole row; in
-        # slices, so a long prompt's scores take a slice's [PROMPT_LOGPROB_ROWS, V], not another [m, V]
-        # or two (4,096 prompt tokens: 0.8 GB each in float32).
+        # [m, H] -> [m]: only the chosen column survives, but log_softmax needs the whole row; in
+        # slices, so a long prompt's scores take a slice's [PROMPT_LOGPROB_ROWS, V] (logits, then their
+        # log_softmax), not [m, V] (4,096 prompt tokens: 0.4 GB of bf16 logits, 0.8 GB in float32).
         for at in range(0, len(logit_rows), PROMPT_LOGPROB_ROWS):
             part = slice(at, at + PROMPT_LOGPROB_ROWS)
-            index = torch.tensor(logit_rows[part], dtype=torch.int64, device=logits.device)
-            target = torch.tensor(targets[part], dtype=torch.int64, device=logits.device)
-            log_probs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+            index = torch.tensor(logit_rows[part], dtype=torch.int64, device=hidden.device)
+            logits = self.model.logits(hidden.index_select(0, index))
+            if not reports:
+                continue
+            target = torch.tensor(targets[part], dtype=torch.int64, device=hidden.device)
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
             flat.extend(log_probs.gather(1, target[:, None])[:, 0].tolist())
             # Top-n lists come from the same tensor, so a prompt token that is the most likely one has
             # exactly its top entry's logprob (evaluation harnesses compare them for equality).
             if tops is not None:
                 tops.extend(top_n_tokens(log_probs, top_n[part]))
+        if not reports:
+            return {}, {}
         out: dict[int, list[float]] = {}
         out_top: dict[int, list[tuple[list[int], list[float]]]] = {}
         at = 0

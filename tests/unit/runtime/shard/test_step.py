@@ -231,7 +231,8 @@ def test_prompt_logprobs_of_several_rows_in_one_forward(runner: ModelRunner, hf_
 def test_prompt_logprobs_scored_in_slices_equal_one_pass(
     runner: ModelRunner, hf_model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Long prompts' logits and log-softmaxes go in slices (memory); the slices' seams change nothing."""
+    """Long prompts' logits and log-softmaxes go in slices (memory: never [prompt rows, V] at once); the
+    slices' seams change nothing."""
     from tgictl.runtime.shard import step as step_module
     from tgictl.runtime.shard.layers import embedding
 
@@ -249,7 +250,12 @@ def test_prompt_logprobs_scored_in_slices_equal_one_pass(
     whole = first_step()
     monkeypatch.setattr(step_module, "PROMPT_LOGPROB_ROWS", 3)  # seams inside every prompt
     monkeypatch.setattr(embedding, "LM_HEAD_ROWS", 4)
+    head_rows: list[int] = []  # the rows of every LM head call: no call makes [all prompt rows, V]
+    head = runner.model.lm_head.forward
+    monkeypatch.setattr(runner.model.lm_head, "forward",
+                        lambda hidden: head_rows.append(hidden.shape[0]) or head(hidden))
     sliced = first_step()
+    assert len(head_rows) > 1 and max(head_rows) <= 3  # 3: the prompt slices, and the three sampled rows
     for rid, prompt in ((0, PROMPTS[1]), (2, LONG_PROMPT)):
         ours, theirs = sliced[rid], whole[rid]
         assert ours.tokens.ids == theirs.tokens.ids  # type: ignore[attr-defined]

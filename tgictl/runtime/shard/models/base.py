@@ -16,7 +16,9 @@ from tgictl.runtime.shard.model_config import ModelConfig
 
 
 class CausalLM(nn.Module, ABC):
-    """A loaded decoder-only model on one rank. Subclasses implement `compute_logits`."""
+    """A loaded decoder-only model on one rank. Subclasses implement `compute_hidden` and set `lm_head`."""
+
+    lm_head: nn.Module  # [n, hidden] -> [n, vocab_size] logits, identical on every tensor-parallel rank
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device, dist: DistContext) -> None:
         super().__init__()
@@ -62,6 +64,21 @@ class CausalLM(nn.Module, ABC):
         are needed; adapters: the tokens' LoRA groupings (None: no token uses one). Writes the new K/V to `slots` in `kv_cache`. Returns logits [n, vocab_size]
         float32, identical on every tensor-parallel rank.
         """
+        return self.logits(self.forward_hidden(input_ids, positions, slots, kv_cache, meta, logit_indices, adapters))
+
+    def forward_hidden(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        logit_indices: Tensor,
+        adapters: StepAdapters | None = None,
+    ) -> Tensor:
+        """`forward` up to the LM head: the final norm's output [n, hidden] at `logit_indices`, whose
+        `logits()` are what `forward` returns. A caller that needs many rows' logits (a long prompt's
+        logprobs) takes them a slice at a time from here instead of holding [n, vocab_size] at once."""
         tokens = meta.num_tokens
         if input_ids.shape != (tokens,) or positions.shape != (tokens,) or slots.shape != (tokens,):
             raise InvalidRequestError(
@@ -74,10 +91,16 @@ class CausalLM(nn.Module, ABC):
                 f"the model has {self.config.num_layers} layers and the batch block_size {meta.block_size}"
             )
         with torch.inference_mode():
-            return self.compute_logits(input_ids, positions, slots, kv_cache, meta, logit_indices, adapters)
+            return self.compute_hidden(input_ids, positions, slots, kv_cache, meta, logit_indices, adapters)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The LM head on rows of `forward_hidden`'s output (a collective when tensor parallel: every rank calls it
+        for the same rows)."""
+        with torch.inference_mode():
+            return self.lm_head(hidden)
 
     @abstractmethod
-    def compute_logits(
+    def compute_hidden(
         self,
         input_ids: Tensor,
         positions: Tensor,
@@ -87,4 +110,4 @@ class CausalLM(nn.Module, ABC):
         logit_indices: Tensor,
         adapters: StepAdapters | None = None,
     ) -> Tensor:
-        """`forward` after its checks, inside inference mode."""
+        """`forward_hidden` after its checks, inside inference mode."""

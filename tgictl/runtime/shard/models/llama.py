@@ -108,7 +108,7 @@ class LlamaForCausalLM(CausalLM):
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, device)
         self._plain_stack: LayerStack | bool | None = None  # plain_layer_stack(): None until decided
 
-    def compute_logits(
+    def compute_hidden(
         self,
         input_ids: Tensor,
         positions: Tensor,
@@ -143,8 +143,8 @@ class LlamaForCausalLM(CausalLM):
             rows = logit_indices if i == last else None  # after the last attention only these rows matter
             hidden, delta = layer(hidden, delta, cos, sin, slots, key_cache, value_cache, meta, rows, adapters)
         if delta is None:  # a model without layers
-            return self.lm_head(self.norm(hidden))
-        return self.lm_head(self.norm.add_forward(hidden, delta)[1])  # [n, vocab] float32
+            return self.norm(hidden)
+        return self.norm.add_forward(hidden, delta)[1]  # [n, hidden]
 
     def plain_layer_stack(self) -> LayerStack | None:
         """The layers as kernels/decode_layers.py's stack, when all are plain layers; decided once, on the
