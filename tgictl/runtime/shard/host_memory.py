@@ -2,9 +2,9 @@
 
 glibc's malloc keeps memory that large temporaries (the weights' fused copies at load, the probe
 forward's activations at warmup, a long prompt's activations and logits) gave back, so the shard's RSS
-would stay at its peak for good. After the two one-off phases, whenever the shard goes idle (its last
-batch finished: servicer.py) and every TRIM_EVERY_STEPS steps under load (runtime.py), it asks malloc to
-return its free pages (`malloc_trim`). The shard also keeps malloc to one arena (env.py says why).
+would stay at its peak for good. After the two one-off phases, once the shard has held no batch for
+IDLE_TRIM_DELAY_S (servicer.py) and every TRIM_EVERY_STEPS steps under load (runtime.py), it asks malloc
+to return its free pages (`malloc_trim`). The shard also keeps malloc to one arena (env.py says why).
 Elsewhere than glibc there are no such calls, and nothing happens.
 """
 
