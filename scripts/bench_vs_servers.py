@@ -2,11 +2,15 @@
 
     python scripts/bench_vs_servers.py [--servers tgictl,llama-server,llama-cpp-python,transformers-cb]
         [--clients 16] [--requests-per-client 2] [--input-len 92] [--output-len 128] [--runs 3]
-        [--llama-server PATH] [--llama-python PATH] [--gguf PATH] [--threads 2] [--output result.json]
+        [--llama-server PATH] [--llama-python PATH] [--gguf PATH] [--threads 2] [--interleave] [--output result.json]
 
 Each server is started by the script, given the whole machine (one at a time), warmed up with two
 requests, then loaded `--runs` times; each run sends fresh random prompts (a different seed per run),
-so no server's prompt cache can hit: these are cold figures. Every request asks for `--output-len`
+so no server's prompt cache can hit: these are cold figures. With --interleave every server is started
+(and warmed up) first and they stay up, idle but for the one being loaded, while the runs go round
+them: run 1 of each server, then run 2 of each, and so on. On a shared host whose speed drifts over
+minutes, the servers' runs of one round are then minutes closer than with one server after another, so
+the ratios move less; the table then also gives each round's ratios. Every request asks for `--output-len`
 tokens greedily with `ignore_eos` (tgictl, llama-server and vLLM-style servers honour it); the rate
 counts the tokens each server says it generated (`usage`), so a server that stops early at EOS is
 credited only with what it produced.
@@ -28,7 +32,8 @@ import json
 import shutil
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +92,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=92)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--interleave", action="store_true",
+                        help="Start every server first, then load them in turn, one run of each per round.")
     parser.add_argument("--output", type=Path, default=None, help="Write every run's figures as JSON.")
     args = parser.parse_args()
     for name in ("clients", "requests_per_client", "input_len", "output_len", "runs", "threads"):
@@ -129,27 +136,56 @@ def server_spec(name: str, args: argparse.Namespace, model_dir: Path, port: int)
     raise SystemExit(f"unknown server {name!r}")
 
 
-def measure(name: str, args: argparse.Namespace, model_dir: Path, make_prompts: Callable[[int], list],
-            console: Console) -> list[dict[str, float]]:
+@dataclass(frozen=True)
+class Target:
+    """A started, warmed-up server and the requests it takes."""
+    name: str
+    url: str
+    settings: ApiSettings
+
+
+@contextmanager
+def started(name: str, args: argparse.Namespace, model_dir: Path, make_prompts: Callable[[int], list]
+            ) -> Iterator[Target]:
     port = free_port()
     spec = server_spec(name, args, model_dir, port)
     url = f"http://127.0.0.1:{port}"
     ban_eos = {} if spec.ignore_eos else {"logit_bias": {str(i): -100.0 for i in _eos_ids(model_dir)}}
     settings = ApiSettings("openai-chat", spec.model_field, ignore_eos=spec.ignore_eos, extra_body=ban_eos)
-    runs = []
     with managed_server(name, spec.command, url + spec.health_path, env=repo_env(args.threads)):
         timed_load(url, settings, make_prompts(10_000)[:2], 2)  # warm-up, unmeasured
+        yield Target(name, url, settings)
+
+
+def load_once(target: Target, run: int, args: argparse.Namespace, make_prompts: Callable[[int], list],
+              console: Console) -> dict[str, float]:
+    """Run `run` (its own prompts) against one server."""
+    prompts = make_prompts(run)
+    records, duration = timed_load(target.url, target.settings, prompts, args.clients)
+    tokens = sum(r.output_tokens for r in records)
+    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+    figures = {"seconds": duration, "output_tokens": tokens, "output_tokens_per_s": tokens / duration,
+               "ttft_p50_s": percentile(ttfts, 50), "asked_tokens": sum(p.max_new_tokens for p in prompts)}
+    console.print(f"{target.name} run {run + 1}/{args.runs}: {tokens} tokens in {duration:.1f} s = "
+                  f"{figures['output_tokens_per_s']:.1f} tok/s, TTFT p50 {figures['ttft_p50_s']:.2f} s")
+    return figures
+
+
+def measure_all(names: list[str], args: argparse.Namespace, model_dir: Path, make_prompts: Callable[[int], list],
+                console: Console) -> dict[str, list[dict[str, float]]]:
+    """Every server's runs: one server after another, or (--interleave) in rounds over servers kept up."""
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    if not args.interleave:
+        for name in names:
+            with started(name, args, model_dir, make_prompts) as target:
+                results[name] = [load_once(target, run, args, make_prompts, console) for run in range(args.runs)]
+        return results
+    with ExitStack() as stack:
+        targets = [stack.enter_context(started(name, args, model_dir, make_prompts)) for name in names]
         for run in range(args.runs):
-            prompts = make_prompts(run)
-            records, duration = timed_load(url, settings, prompts, args.clients)
-            tokens = sum(r.output_tokens for r in records)
-            ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
-            figures = {"seconds": duration, "output_tokens": tokens, "output_tokens_per_s": tokens / duration,
-                       "ttft_p50_s": percentile(ttfts, 50), "asked_tokens": sum(p.max_new_tokens for p in prompts)}
-            runs.append(figures)
-            console.print(f"{name} run {run + 1}/{args.runs}: {tokens} tokens in {duration:.1f} s = "
-                          f"{figures['output_tokens_per_s']:.1f} tok/s, TTFT p50 {figures['ttft_p50_s']:.2f} s")
-    return runs
+            for target in targets:
+                results[target.name].append(load_once(target, run, args, make_prompts, console))
+    return results
 
 
 def main() -> None:
@@ -162,7 +198,7 @@ def main() -> None:
     def make_prompts(seed: int) -> list:
         return random_workload(maker, count, (args.input_len, args.input_len), (args.output_len, args.output_len), seed)
 
-    results = {name: measure(name, args, model_dir, make_prompts, console) for name in args.servers.split(",")}
+    results = measure_all(args.servers.split(","), args, model_dir, make_prompts, console)
     medians = {name: statistics.median(r["output_tokens_per_s"] for r in runs) for name, runs in results.items()}
     table = Table(title=f"{args.clients} chat clients, {count} requests of {args.input_len} prompt tokens, "
                         f"{args.output_len} new (median of {args.runs}, {args.threads} threads)")
@@ -175,6 +211,11 @@ def main() -> None:
         table.add_row(name, f"{medians[name]:.1f}", f"{statistics.median(r['ttft_p50_s'] for r in runs):.2f}",
                       f"{runs[0]['output_tokens']}/{runs[0]['asked_tokens']}", ratio)
     console.print(table)
+    if args.interleave:  # each round's ratios: runs minutes apart at most
+        for run in range(args.runs):
+            rates = {name: runs[run]["output_tokens_per_s"] for name, runs in results.items()}
+            console.print(f"round {run + 1}: " + ", ".join(
+                f"{name} {rate:.1f} ({rate / rates[peer]:.2f}x)" for name, rate in rates.items()))
     if args.output is not None:
         args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": results,
                                            "median_output_tokens_per_s": medians}, indent=2) + "\n")

@@ -32,3 +32,23 @@ def test_script_compares_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert "this / tgictl" in done.stdout  # no llama-server here: every row against the first tgictl row
     leftover = subprocess.run(["pgrep", "-f", f"serve.*{tiny_model_dir}"], capture_output=True, text=True)
     assert leftover.stdout == ""  # both servers were stopped
+
+
+def test_interleaved_runs_go_round_the_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
+    output = tmp_path / "servers.json"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
+    done = subprocess.run(
+        [sys.executable, "scripts/bench_vs_servers.py", "--servers", "tgictl,tgictl-int8", "--model-id",
+         str(tiny_model_dir), "--clients", "1", "--requests-per-client", "1", "--input-len", "10",
+         "--output-len", "4", "--runs", "2", "--threads", "1", "--dtype", "float32", "--interleave",
+         "--output", str(output)],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-4000:]
+    runs = json.loads(output.read_text())["runs"]
+    assert {name: len(r) for name, r in runs.items()} == {"tgictl": 2, "tgictl-int8": 2}
+    order = [line.split(":")[0] for line in done.stdout.splitlines() if " run " in line and "/2:" in line]
+    assert order == ["tgictl run 1/2", "tgictl-int8 run 1/2", "tgictl run 2/2", "tgictl-int8 run 2/2"]
+    assert "round 1: tgictl" in done.stdout and "round 2: tgictl" in done.stdout
+    leftover = subprocess.run(["pgrep", "-f", f"launch.*{tiny_model_dir}"], capture_output=True, text=True)
+    assert leftover.stdout == ""  # both servers were stopped
