@@ -5,10 +5,13 @@ Every function takes scores [R, V] float32 and a per-row parameter [R, 1], retur
 chooser may run it over rows that did not ask for it. Removed tokens get -inf.
 
 The sort-based warpers (top_p, typical_p) rarely need the whole vocabulary in order: the nucleus or
-the typical set of a real model's distribution is usually a few hundred tokens. They look at the best
+the typical set of a real model's distribution is usually a few tokens to a few hundred (SmolLM2 writing
+a story at temperature 0.7, top_p 0.9: median 2, at most 44 over 120 tokens). They look at the best
 `CANDIDATE_LADDER[0]` candidates first (torch.topk), and only rows whose answer is not settled within
-them go on to the next rung, the last rung being the full sort. Measured on CPU at [32, 49152]: topk
-256 ~2.6 ms, full sort ~56 ms. Each rung costs one host sync to see which rows are settled.
+them go on to the next rung, the last rung being the full sort. Measured on CPU at [32, 49152] (2 AMD
+Zen 5 cores): topk 64 ~0.8 ms, 256 ~1.9 ms, 4096 ~11 ms, full sort ~56 ms. Each rung costs one host sync
+to see which rows are settled. A rung's answer is the full sort's: the best j candidates, and their running
+sums, are the same whatever the rung's size.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-CANDIDATE_LADDER: tuple[int, ...] = (256, 4096)
+CANDIDATE_LADDER: tuple[int, ...] = (64, 256, 4096)
 
 
 def _rungs(vocab_size: int) -> list[int]:

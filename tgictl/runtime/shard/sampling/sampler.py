@@ -183,7 +183,11 @@ def _probabilities(scores: Tensor) -> Tensor:
     and a row with +inf softmaxes to NaN, which the draw cannot search (a shard-killing index error
     from one request's parameters). Such a row takes its best token: the limit as temperature -> 0."""
     probs = scores.softmax(dim=-1)  # [S, V]
-    finite = probs.isfinite().all(dim=-1, keepdim=True)  # [S, 1]
+    # A row's sum is finite exactly when all of its entries are (softmax gives no infinities, and one NaN
+    # makes the sum NaN): one vectorised reduction, where isfinite().all() took ~1.3 ms at [32, 49152] on CPU.
+    finite = probs.sum(dim=-1, keepdim=True).isfinite()  # [S, 1]
+    if probs.device.type == "cpu" and bool(finite.all()):  # the usual case, without the fallback's passes
+        return probs  # (on CUDA the check would wait for the device, so the fallback is always built there)
     best = scores.nan_to_num(nan=float("-inf")).argmax(dim=-1, keepdim=True)  # [S, 1]
     greedy = torch.zeros_like(probs).scatter_(1, best, 1.0)  # [S, V] one-hot
     return torch.where(finite, probs, greedy)

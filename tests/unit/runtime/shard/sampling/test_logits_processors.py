@@ -14,6 +14,7 @@ from transformers.generation.logits_process import (
 from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import SamplingParams
 from tgictl.runtime.shard.sampling import logits_processors as lp
+from tgictl.runtime.shard.sampling.logits_processors import CANDIDATE_LADDER
 from tgictl.runtime.shard.sampling.sampler import (
     NextTokenChooser,
     TokenHistory,
@@ -102,18 +103,20 @@ def reference_top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def test_top_p_matches_the_definition_on_peaked_and_flat_rows() -> None:
-    # Peaked rows settle within the first 256 candidates; flat rows need the full sort.
+    # Peaked rows settle within the first rung's candidates, a broader one on the second, flat rows need
+    # the full sort: every rung gives the definition's answer.
     generator = torch.Generator().manual_seed(3)
     vocab = 6000
-    scales = [8.0, 4.0, 0.3, 0.05]
+    scales = [8.0, 4.0, 0.3, 0.05, 2.0]
+    tops = (0.9, 0.5, 0.95, 0.3, 0.5)
     logits = torch.stack([torch.randn(vocab, generator=generator) * s for s in scales])
-    params = [SamplingParams(top_p=p) for p in (0.9, 0.5, 0.95, 0.3)]
-    out = process(params, logits.double().float())
-    for row, p in enumerate((0.9, 0.5, 0.95, 0.3)):
+    out = process([SamplingParams(top_p=p) for p in tops], logits.double().float())
+    for row, p in enumerate(tops):
         expected = reference_top_p(logits[row], p)
         # Float summation order may differ at the very boundary token; allow at most that one.
         assert len(kept(out[row]) ^ kept(expected)) <= 1, row
-    assert len(kept(out[0])) < 256 < len(kept(out[2]))
+    first, second = CANDIDATE_LADDER[:2]
+    assert len(kept(out[0])) < first < len(kept(out[4])) < second < len(kept(out[2]))
 
 
 def test_top_p_after_top_k_uses_the_renormalised_kept_set() -> None:
