@@ -2,7 +2,7 @@
 
     python scripts/bench_sampling.py [--device cpu|cuda] [--vocab 49152] [--repeats 20] [--threads N]
 
-Scenarios, each at batch 1, 32 and 64:
+Scenarios, each at batch 1, 32 and 64, as a request without top_n_tokens takes them, then with top-n:
   greedy        no sampling, no penalties: the fast path (argmax + log_softmax)
   top_p peaked  do_sample, temperature 0.8, top_p 0.95 on model-like peaked logits (small nucleus)
   top_p flat    the same on nearly flat logits: the nucleus is most of the vocabulary (worst case)
@@ -74,8 +74,9 @@ def make_logits(name: str, batch: int, vocab: int, device: torch.device) -> Tens
     return (torch.randn(batch, vocab, generator=generator) * scale).to(device)
 
 
-def bench_chooser(device: torch.device, vocab: int, repeats: int) -> None:
-    print(f"NextTokenChooser per step, V={vocab}, device={device} (best of N, ms)")
+def bench_chooser(device: torch.device, vocab: int, repeats: int, distribution: bool) -> None:
+    asked = "with top-n (the [B, V] distribution kept)" if distribution else "without top-n (most requests)"
+    print(f"NextTokenChooser per step, V={vocab}, device={device}, {asked} (best of N, ms)")
     names = ("greedy", "top_p peaked", "top_p flat", "penalties", "everything")
     print(f"{'scenario':<14}" + "".join(f"{'B=' + str(b):>10}" for b in BATCHES))
     for name in names:
@@ -88,7 +89,7 @@ def bench_chooser(device: torch.device, vocab: int, repeats: int) -> None:
             history = TokenHistory.from_sequences(prompts, vocab, device, needs_history(params))
             chooser = NextTokenChooser.from_params(params, vocab, device)
             steps = torch.full((batch,), 10, dtype=torch.int64, device=device)
-            cells.append(timed(lambda: chooser(logits, history, steps), device, repeats))
+            cells.append(timed(lambda: chooser(logits, history, steps, distribution=distribution), device, repeats))
         print(f"{name:<14}" + "".join(f"{ms:>10.2f}" for ms in cells))
 
 
@@ -159,7 +160,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
-    bench_chooser(device, args.vocab, args.repeats)
+    bench_chooser(device, args.vocab, args.repeats, distribution=False)
+    print()
+    bench_chooser(device, args.vocab, args.repeats, distribution=True)
     bench_rng(device, args.vocab, args.repeats)
 
 

@@ -59,17 +59,29 @@ def test_greedy_without_top_n_skips_the_distribution_and_matches_the_full_path()
     torch.testing.assert_close(full.logprobs, exact, rtol=0, atol=2e-5)
 
 
-def test_the_distribution_is_kept_where_a_rule_or_a_mask_needs_it() -> None:
-    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4))
-    history = TokenHistory.from_sequences([[1], [2]], VOCAB, "cpu", needed=True)
-    steps = torch.zeros(2, dtype=torch.int64)
-    penalised = NextTokenChooser.from_params([SamplingParams(repetition_penalty=1.3)] * 2, VOCAB, "cpu")
-    assert penalised(logits, history, steps, distribution=False).log_probs is not None
-    greedy = NextTokenChooser.from_params([SamplingParams()] * 2, VOCAB, "cpu")
-    allowed = torch.ones(2, VOCAB, dtype=torch.bool)
+def test_without_the_distribution_rules_masks_and_draws_choose_the_same_with_the_models_logprobs() -> None:
+    # distribution=False (no top-n) skips the [B, V] log_softmax on every path: the chosen tokens are the
+    # full path's, their logprobs the raw logits' log_softmax (from the greedy kernel's normaliser)
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4)) * 3
+    history = TokenHistory.from_sequences([[1], [2], [3]], VOCAB, "cpu", needed=True)
+    steps = torch.tensor([0, 5, 9])
+    allowed = torch.ones(3, VOCAB, dtype=torch.bool)
     allowed[:, logits.argmax(-1)] = False
-    masked = greedy(logits, history, steps, allowed, distribution=False)
-    assert masked.log_probs is not None and bool(allowed[0, masked.next_ids[0]])  # the mask was applied
+    cases = [
+        ([SamplingParams(repetition_penalty=1.3)] * 3, None),
+        ([SamplingParams(do_sample=True, temperature=0.7, top_p=0.9, seed=s) for s in range(3)], None),
+        ([SamplingParams()] * 3, allowed),
+    ]
+    for params, mask in cases:
+        chooser = NextTokenChooser.from_params(params, VOCAB, "cpu")
+        lean = chooser(logits, history, steps, mask, distribution=False)
+        full = chooser(logits, history, steps, mask, distribution=True)
+        assert lean.log_probs is None and full.log_probs is not None
+        assert torch.equal(lean.next_ids, full.next_ids)
+        torch.testing.assert_close(lean.logprobs, full.logprobs, rtol=0, atol=2e-5)
+        exact = logits.double().log_softmax(-1).gather(1, lean.next_ids[:, None])[:, 0]
+        torch.testing.assert_close(lean.logprobs.double(), exact, rtol=0, atol=2e-6)
+    assert all(bool(allowed[r, lean.next_ids[r]]) for r in range(3))  # the last case's mask was applied
 
 
 def test_top_k_one_equals_greedy() -> None:
