@@ -33,7 +33,12 @@ from tgictl.runtime.shard.sampling.params import (
     select_rows,
     validate,
 )
-from tgictl.runtime.shard.sampling.seeded_uniform import seed_key_table, seeded_uniform
+from tgictl.runtime.shard.sampling.seeded_uniform import (
+    seed_key_table,
+    seed_keys,
+    seeded_uniform,
+    uniform_from_keys,
+)
 from tgictl.runtime.shard.sampling.token_history import TokenHistory
 
 __all__ = ["ChooserOutput", "NextTokenChooser", "TokenHistory", "needs_history", "top_n_tokens"]
@@ -79,6 +84,9 @@ class NextTokenChooser:
             if self.sampling is not None
             else None
         )
+        # The same keys as Python ints: on the CPU the uniforms are computed from them (seeded_uniform.py)
+        self.host_seed_keys = [seed_keys(params[i].seed) for i in self.sampling.host_rows] \
+            if self.sampling is not None and device.type == "cpu" else None
         self.needs_history = needs_history(params)
         self.fast_path = not self.needs_history and self.sampling is None
 
@@ -181,7 +189,12 @@ class NextTokenChooser:
         rows = self.sampling.index  # None when every row samples
         steps = steps.to(self.device)
         sub = _rows(scores, rows)  # [S, V]
-        uniform = seeded_uniform(self.seed_keys, _rows(steps, rows))  # [S] float64 in [0, 1)
+        if self.host_seed_keys is not None:
+            row_steps = _rows(steps, rows).tolist()
+            uniform = torch.tensor([uniform_from_keys(k, s) for k, s in zip(self.host_seed_keys, row_steps)],
+                                   dtype=torch.float64)
+        else:
+            uniform = seeded_uniform(self.seed_keys, _rows(steps, rows))  # [S] float64 in [0, 1)
         drawn = draw(_probabilities(sub), uniform)  # [S]
         if rows is None:
             return drawn

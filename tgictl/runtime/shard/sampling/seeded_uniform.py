@@ -97,11 +97,17 @@ def seeded_uniform(keys: Tensor, steps: Tensor) -> Tensor:
     return bits53.to(torch.float64) * (1.0 / 2**53)
 
 
-def seeded_uniform_int(seed: int, step: int) -> float:
-    """Pure-Python reference of seeded_uniform for one (seed, step)."""
-    k0, k1, k2, k3 = seed_keys(seed)
+def uniform_from_keys(keys: Sequence[int], step: int) -> float:
+    """seeded_uniform for one row on Python ints, the same value (bits53 / 2**53 is exact either way). The CPU
+    sampler uses it: ~3 us a row, where the tensor version's ~40 small torch ops take ~120 us per call."""
+    k0, k1, k2, k3 = keys
     mixed = lowbias32_int((step & _MASK32) ^ k0)
     mixed = lowbias32_int(mixed ^ k1)
     high = lowbias32_int(mixed ^ k2)
     low = lowbias32_int(high ^ k3)
     return ((high << 21) | (low >> 11)) / 2**53
+
+
+def seeded_uniform_int(seed: int, step: int) -> float:
+    """Pure-Python reference of seeded_uniform for one (seed, step)."""
+    return uniform_from_keys(seed_keys(seed), step)

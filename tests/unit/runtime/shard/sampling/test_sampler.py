@@ -270,3 +270,18 @@ def test_a_mask_leaving_one_token_picks_it_even_when_the_model_dislikes_it() -> 
     history = TokenHistory.from_sequences([[11]] * len(MIXED), VOCAB, "cpu", needs_history(MIXED))
     out = NextTokenChooser.from_params(MIXED, VOCAB, "cpu")(logits, history, torch.zeros(len(MIXED), dtype=torch.int64), allowed)
     assert out.next_ids.tolist() == [11] * len(MIXED)
+
+
+def test_the_cpu_draw_from_python_uniforms_equals_the_tensor_uniforms_draw() -> None:
+    # On the CPU the uniforms come from Python ints (uniform_from_keys); the tensor hash is the device path
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(11)) * 2
+    params = [SamplingParams(do_sample=True, temperature=0.9, seed=(2**64 - 1) - s * 7919) for s in range(5)]
+    params.insert(2, SamplingParams())  # a greedy row between them
+    history = TokenHistory.from_sequences([[]] * 6, VOCAB, "cpu", False)
+    host = NextTokenChooser.from_params(params, VOCAB, "cpu")
+    tensor = NextTokenChooser.from_params(params, VOCAB, "cpu")
+    tensor.host_seed_keys = None
+    assert host.host_seed_keys is not None
+    for step in (0, 1, 77, 2**31 + 5):
+        steps = torch.full((6,), step, dtype=torch.int64)
+        assert torch.equal(host(logits, history, steps).next_ids, tensor(logits, history, steps).next_ids)
