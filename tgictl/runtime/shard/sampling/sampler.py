@@ -4,9 +4,10 @@ Per step: the grammar mask (tokens a row's grammar forbids become -inf, before e
 penalties, warpers and seeds work unchanged on what is allowed) -> repetition penalty -> frequency penalty -> presence penalty -> temperature -> top_k ->
 top_p -> typical_p -> min_p -> choose (argmax for greedy rows, seeded inverse-CDF sampling for the
 others). A processor runs only when some row asks for it, and the sort-based warpers only on those
-rows. A greedy batch without penalties, grammar masks or top-n requests never builds the [B, V]
-log_softmax: one compiled pass per row finds the first maximum and its logprob, -log(sum(exp(x - max)))
-(kernels/fused.py's greedy; the torch path below is its reference and its fallback).
+rows. A greedy batch without penalties, grammar masks or top-n requests takes one compiled pass per row,
+which finds the first maximum and its logprob, -log(sum(exp(x - max))) (kernels/fused.py's greedy; the torch
+path below is its reference and its fallback). No batch without top-n builds the [B, V] log_softmax: the
+chosen tokens' logprobs come from that pass's normaliser, (x - max) - log(sum(exp(x - max))).
 
 Returned logprobs (the chosen token's and the distribution top-n is read from) are the log_softmax of
 the RAW model logits, before penalties and warpers. TGI returns the warped distribution, so with
