@@ -12,16 +12,22 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_script_compares_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
-    output = tmp_path / "servers.json"
+def run_script(model_dir: Path, output: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The script on tiny requests (10 prompt tokens, 4 new, float32, one thread); it must succeed."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
     done = subprocess.run(
-        [sys.executable, "scripts/bench_vs_servers.py", "--servers", "tgictl,transformers-cb", "--model-id",
-         str(tiny_model_dir), "--clients", "2", "--requests-per-client", "1", "--input-len", "10",
-         "--output-len", "4", "--runs", "1", "--threads", "1", "--dtype", "float32", "--output", str(output)],
+        [sys.executable, "scripts/bench_vs_servers.py", "--model-id", str(model_dir), "--input-len", "10",
+         "--output-len", "4", "--threads", "1", "--dtype", "float32", "--output", str(output), *args],
         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-4000:]
+    return done
+
+
+def test_script_compares_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
+    output = tmp_path / "servers.json"
+    done = run_script(tiny_model_dir, output, "--servers", "tgictl,transformers-cb", "--clients", "2",
+                      "--requests-per-client", "1", "--runs", "1")
     result = json.loads(output.read_text())
     assert set(result["runs"]) == {"tgictl", "transformers-cb"}
     for runs in result["runs"].values():
@@ -36,15 +42,8 @@ def test_script_compares_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 def test_interleaved_runs_go_round_the_servers(tiny_model_dir: Path, tmp_path: Path) -> None:
     output = tmp_path / "servers.json"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
-    done = subprocess.run(
-        [sys.executable, "scripts/bench_vs_servers.py", "--servers", "tgictl,tgictl-int8", "--model-id",
-         str(tiny_model_dir), "--clients", "1", "--requests-per-client", "1", "--input-len", "10",
-         "--output-len", "4", "--runs", "2", "--threads", "1", "--dtype", "float32", "--interleave",
-         "--output", str(output)],
-        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-4000:]
+    done = run_script(tiny_model_dir, output, "--servers", "tgictl,tgictl-int8", "--clients", "1",
+                      "--requests-per-client", "1", "--runs", "2", "--interleave")
     runs = json.loads(output.read_text())["runs"]
     assert {name: len(r) for name, r in runs.items()} == {"tgictl": 2, "tgictl-int8": 2}
     order = [line.split(":")[0] for line in done.stdout.splitlines() if " run " in line and "/2:" in line]
