@@ -111,3 +111,15 @@ def greedy(logits: Tensor) -> tuple[Tensor, Tensor] | None:
     kernel = native.greedy_f32 if logits.dtype == torch.float32 else native.greedy_bf16
     unsettled = kernel(logits.data_ptr(), rows, vocab, ids.data_ptr(), logprobs.data_ptr(), torch.get_num_threads())
     return (ids, logprobs) if unsettled == 0 else None
+
+
+def topk_values(x: Tensor, k: int) -> Tensor | None:
+    """torch.topk(x, k, dim=-1).values of float32 rows [R, V] (the k largest, sorted descending; the same floats),
+    from one pass per row (csrc/topk_values.c). None when it cannot run natively or a row holds NaN."""
+    native = _native_for(x, dtypes=(torch.float32,))
+    if native is None or x.dim() != 2 or not 1 <= k <= x.shape[1]:
+        return None
+    rows, cols = x.shape
+    out = torch.empty(rows, k, dtype=torch.float32)
+    with_nan = native.topk_values_f32(x.data_ptr(), rows, cols, k, out.data_ptr(), torch.get_num_threads())
+    return out if with_nan == 0 else None

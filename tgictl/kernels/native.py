@@ -72,6 +72,7 @@ class NativeKernels:
     rotary_store_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     greedy_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     greedy_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    topk_values_f32: ctypes._CFuncPtr  # type: ignore[name-defined]  # the sampler's top_k / top_p (csrc/topk_values.c)
     # A decode step's plain decoder layers in one call (kernels/decode_layers.py calls them).
     decode_layers_scratch: ctypes._CFuncPtr  # type: ignore[name-defined]
     decode_layers_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
@@ -274,6 +275,7 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_rotary_store_bf16": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
         "tgictl_greedy_f32": ([p, i64, i64, p, p, c_int], i64),
         "tgictl_greedy_bf16": ([p, i64, i64, p, p, c_int], i64),
+        "tgictl_topk_values_f32": ([p, i64, i64, i64, p, c_int], i64),
         "tgictl_decode_layers_scratch": ([i64] * 6, i64),
         "tgictl_decode_layers_bf16": ([i64, p, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64,
                                        i64, f32, f32, p, c_int], c_int),
