@@ -25,11 +25,11 @@ def _weight(seed: int = 0, shape: tuple[int, int] = (OUT, IN)) -> Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.05
 
 
-def _gguf(type_name: str) -> Callable[[torch.dtype], LinearWeight]:
+def _gguf(type_name: str, shape: tuple[int, int] = (OUT, IN)) -> Callable[[torch.dtype], LinearWeight]:
     def build(dtype: torch.dtype) -> LinearWeight:
         rng = np.random.default_rng(3)
-        data = quantized_blocks(type_name, _weight().numpy(), rng)
-        return GGUFWeight(torch.from_numpy(data), BLOCK_TYPES[type_name], IN, dtype)
+        data = quantized_blocks(type_name, _weight(shape=shape).numpy(), rng)
+        return GGUFWeight(torch.from_numpy(data), BLOCK_TYPES[type_name], shape[1], dtype)
 
     return build
 
@@ -42,6 +42,8 @@ FORMATS: dict[str, Callable[[torch.dtype], LinearWeight]] = {
     "int4/g64, in not a group multiple": lambda dtype: Int4Weight.quantize(_weight(shape=(70, 100)), 64, dtype),
     "int4/g32, odd in": lambda dtype: Int4Weight.quantize(_weight(shape=(130, 99)), 32, dtype),
     **{name: _gguf(name) for name in sorted(BLOCK_TYPES)},
+    # one input row goes through groups of 4 weight rows, then one by one: 35 rows per thread on 2 threads
+    "Q8_0, out not a multiple of 4 per thread": _gguf("Q8_0", (70, 256)),
     **{f"{name} as int4 tiles": (lambda dtype, name=name: as_int4_tiles(_gguf(name)(dtype))) for name in ("Q4_0", "Q4_1")},
 }
 
