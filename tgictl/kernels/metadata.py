@@ -126,17 +126,18 @@ def _check(
                 f"sequence {i}: context of {cache_len + new_len} tokens needs more than the "
                 f"{len(table)} blocks of {block_size} in its block table"
             )
-        if any(block < 0 for block in table):
+        if min(table) < 0:  # not empty: checked above
             raise InvalidRequestError(f"sequence {i}: block ids must be >= 0")
 
 
 def _slot_matrix(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
     """Flat slots of `positions` for each row of `tables`: slot = block * block_size + offset.
 
-    tables: [rows, max_blocks] int64; positions: [rows, T] int64 -> [rows, T] int64.
+    tables: [rows, max_blocks] int64; positions: [rows, T] or [1, T] (the same for every row) int64 -> [rows, T]
+    int64. Plain indexing: numpy's take_along_axis and broadcast_to are Python functions, slow with cold caches.
     """
-    blocks = np.take_along_axis(tables, positions // block_size, axis=1)
-    return blocks * block_size + positions % block_size
+    rows = np.arange(tables.shape[0])[:, None]
+    return tables[rows, positions // block_size] * block_size + positions % block_size
 
 
 def _tensor(array: np.ndarray | list[int], device: torch.device) -> Tensor:
@@ -168,10 +169,11 @@ def build_attention_metadata(
     decode_only = len(decode_seqs) == len(new_lens)
     decode: DecodePlan | None = None
     if decode_seqs:
-        dec_ctx = np.array([context_lens[i] for i in decode_seqs], dtype=np.int64)  # [n]
-        max_ctx = int(dec_ctx.max())
-        positions = np.broadcast_to(np.arange(max_ctx, dtype=np.int64), (len(decode_seqs), max_ctx))
-        if int(dec_ctx.min()) < max_ctx:
+        dec_lens = [context_lens[i] for i in decode_seqs]
+        dec_ctx = np.array(dec_lens, dtype=np.int64)  # [n]
+        max_ctx = max(dec_lens)
+        positions = np.arange(max_ctx, dtype=np.int64)[None, :]  # the same for every row
+        if min(dec_lens) < max_ctx:
             # padding gathers position 0 of the same sequence (see DecodePlan)
             positions = np.where(positions < dec_ctx[:, None], positions, 0)
         slots = _slot_matrix(tables if decode_only else tables[decode_seqs], positions, block_size)
@@ -223,7 +225,7 @@ def build_attention_metadata(
         block_table_lists=tuple(tuple(t) for t in block_tables),
         num_tokens=cu[-1],
         max_context_len=max(context_lens),
-        max_block_id=int(tables.max()),
+        max_block_id=max(max(t) for t in block_tables),
         cu_seqlens_q=_tensor(cu, device),
         cu_seqlens_k=_tensor([0, *accumulate(context_lens)], device),
         # a decode-only batch's context lengths are its decode plan's
