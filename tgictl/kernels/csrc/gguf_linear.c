@@ -31,7 +31,19 @@
 
 typedef void (*decode_row_fn)(const uint8_t *src, float *dst, int64_t k);
 
+/* The decoders round as gguf_types.py's reference does, operation by operation (each product and sum rounded
+ * on its own, in its order), so a decoded row is the reference's bit for bit: the build's fused multiply-adds
+ * and reassociation are off here. An embedding lookup reads its rows through them. */
+#if defined(__clang__)
+#define EXACT_FLOAT_ORDER _Pragma("clang fp contract(off)") _Pragma("clang fp reassociate(off)")
+#else
+#define EXACT_FLOAT_ORDER
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off", "no-associative-math")
+#endif
+
 static void decode_q4_0(const uint8_t *src, float *dst, int64_t k) {
+    EXACT_FLOAT_ORDER
     for (int64_t b = 0; b < k / QK; b++, src += 18, dst += QK) {
         const float d = load_fp16(src);
         const uint8_t *qs = src + 2;
@@ -43,6 +55,7 @@ static void decode_q4_0(const uint8_t *src, float *dst, int64_t k) {
 }
 
 static void decode_q4_1(const uint8_t *src, float *dst, int64_t k) {
+    EXACT_FLOAT_ORDER
     for (int64_t b = 0; b < k / QK; b++, src += 20, dst += QK) {
         const float d = load_fp16(src), m = load_fp16(src + 2);
         const uint8_t *qs = src + 4;
@@ -54,6 +67,7 @@ static void decode_q4_1(const uint8_t *src, float *dst, int64_t k) {
 }
 
 static void decode_q8_0(const uint8_t *src, float *dst, int64_t k) {
+    EXACT_FLOAT_ORDER
     for (int64_t b = 0; b < k / QK; b++, src += 34, dst += QK) {
         const float d = load_fp16(src);
         const int8_t *qs = (const int8_t *)(src + 2);
@@ -73,6 +87,7 @@ static inline void q4_k_scale_min(int j, const uint8_t *q, float *scale, float *
 }
 
 static void decode_q4_k(const uint8_t *src, float *dst, int64_t k) {
+    EXACT_FLOAT_ORDER
     for (int64_t b = 0; b < k / QK_K; b++, src += 144, dst += QK_K) {
         const float d = load_fp16(src), dmin = load_fp16(src + 2);
         const uint8_t *scales = src + 4, *qs = src + 16;
@@ -92,6 +107,7 @@ static void decode_q4_k(const uint8_t *src, float *dst, int64_t k) {
 }
 
 static void decode_q6_k(const uint8_t *src, float *dst, int64_t k) {
+    EXACT_FLOAT_ORDER
     for (int64_t b = 0; b < k / QK_K; b++, src += 210, dst += QK_K) {
         const uint8_t *ql = src, *qh = src + 128;
         const int8_t *sc = (const int8_t *)(src + 192);
@@ -112,6 +128,10 @@ static void decode_q6_k(const uint8_t *src, float *dst, int64_t k) {
         }
     }
 }
+
+#if !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 static const decode_row_fn DECODERS[] = {decode_q4_0, decode_q4_1, decode_q8_0, decode_q4_k, decode_q6_k};
 #define NUM_TYPES ((int)(sizeof DECODERS / sizeof DECODERS[0]))
