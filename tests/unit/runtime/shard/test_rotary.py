@@ -77,13 +77,27 @@ def test_cos_sin_match_transformers(case: str, length: int) -> None:
     positions = torch.arange(length)
     # transformers' length-dependent types look at max(position_ids) + 1 of the call: one sequence of `length`
     hf_cos, hf_sin = hf(torch.zeros(1, dtype=torch.float32), positions[None])
-    seq_lens = torch.full((length,), length)
+    # the model passes sequence lengths only to the types that read them; the others take their table
+    seq_lens = torch.full((length,), length) if ours.needs_seq_lens else None
     cos, sin = ours(positions, seq_lens, torch.float32)
     assert cos.shape == (length, HEAD_DIM // 2)
     torch.testing.assert_close(cos, hf_cos[0, :, : HEAD_DIM // 2], rtol=0, atol=1e-6)
     torch.testing.assert_close(sin, hf_sin[0, :, : HEAD_DIM // 2], rtol=0, atol=1e-6)
     # transformers' table repeats the first half
     assert torch.equal(hf_cos[0, :, : HEAD_DIM // 2], hf_cos[0, :, HEAD_DIM // 2 :])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", sorted(c for c in ROPE_CASES if c not in ("dynamic", "longrope")))
+def test_fixed_frequencies_come_from_tables_of_the_same_values(case: str, dtype: torch.dtype) -> None:
+    ours = _ours(ROPE_CASES[case])
+    first, _ = ours(torch.tensor([5, 0]), None, dtype)  # a first table of 1,024 positions
+    positions = torch.randperm(3000)  # beyond it, in any order: the table grows
+    cos, sin = ours(positions, None, dtype)
+    direct_cos, direct_sin = ours._compute(positions, ours.inv_freq_for(None), dtype)
+    assert cos.dtype == dtype and cos.shape == (3000, HEAD_DIM // 2)
+    assert torch.equal(cos, direct_cos) and torch.equal(sin, direct_sin)
+    assert torch.equal(first, direct_cos[positions.argsort()][[5, 0]])
 
 
 def test_dynamic_rope_uses_each_tokens_own_sequence_length() -> None:

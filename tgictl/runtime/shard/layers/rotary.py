@@ -173,7 +173,7 @@ ROPE_FREQUENCIES: Mapping[str, Callable[[RopeConfig, int, int], Frequencies]] = 
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin for given positions. Computed per forward and shared by every layer."""
+    """cos/sin for given positions, shared by every layer of a forward."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device) -> None:
         super().__init__()
@@ -188,6 +188,7 @@ class RotaryEmbedding(nn.Module):
         self.attention_scaling = fixed.attention_scaling
         self.inv_freq = None if fixed.inv_freq is None else fixed.inv_freq.to(device)  # [dim // 2] float32
         self.long_inv_freq = None if fixed.long_inv_freq is None else fixed.long_inv_freq.to(device)
+        self._cached: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # forward's tables, per dtype
 
     @property
     def needs_seq_lens(self) -> bool:
@@ -211,12 +212,33 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: Tensor, seq_lens: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions: [tokens] int64 -> (cos, sin), each [tokens, dim // 2] in `dtype`.
 
-        Only the first half is returned: transformers' table repeats it (cat(freqs, freqs)).
+        Only the first half is returned: transformers' table repeats it (cat(freqs, freqs)). With fixed
+        frequencies, rows of a table of positions 0..N-1 computed by the same operations (the same values:
+        each is elementwise, and the table's size keeps every thread's share whole vectors): a decode step
+        then makes three torch calls instead of eight, each ~10 us with the caches cold after the weights.
         """
-        freqs = positions[:, None].float() * self.inv_freq_for(seq_lens)  # [tokens, dim // 2]
+        if seq_lens is None and not self.needs_seq_lens and positions.device.type == "cpu":  # CUDA: no sync for max
+            cos_table, sin_table = self._tables(int(positions.max()) + 1 if positions.numel() else 0, dtype)
+            return cos_table.index_select(0, positions), sin_table.index_select(0, positions)
+        return self._compute(positions, self.inv_freq_for(seq_lens), dtype)
+
+    def _compute(self, positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = positions[:, None].float() * inv_freq  # [tokens, dim // 2]
         cos = freqs.cos() * self.attention_scaling
         sin = freqs.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
+
+    def _tables(self, rows: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions 0 .. at least rows - 1 in `dtype`, grown by doubling (from 1,024 rows: a
+        power of two, so a parallel elementwise op splits it into whole vectors)."""
+        tables = self._cached.get(dtype)
+        if tables is None or tables[0].shape[0] < rows:
+            size = max(1024, 1 << max(rows - 1, 0).bit_length())
+            inv_freq = self.inv_freq_for(None)
+            positions = torch.arange(size, dtype=torch.int64, device=inv_freq.device)
+            tables = self._compute(positions, inv_freq, dtype)
+            self._cached[dtype] = tables
+        return tables
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
