@@ -73,18 +73,43 @@ class AttentionMetadata:
     num_tokens: int  # sum(new_lens): rows of `query`
     max_context_len: int
     max_block_id: int  # largest block id in any table: checked against the cache without a device sync
-    cu_seqlens_q: Tensor  # [batch + 1] int64 query row offsets
-    cu_seqlens_k: Tensor  # [batch + 1] int64 offsets of each sequence's whole context (varlen kernels)
+    device: torch.device  # where every tensor of the metadata lives
     context_lens: Tensor  # [batch] int64 cache_len + new_len
-    # [num_tokens] int64 absolute position of each query row (cache_len + j): rotary embeddings use it
-    position_ids: Tensor
-    # [num_tokens] int64 slot of each new token derived from the block tables (block * block_size +
-    # offset), i.e. where store_kv writes it; equals the router's slots, which follow the same rule.
-    new_token_slots: Tensor
-    block_tables: Tensor  # [batch, max_blocks] int64, padded with block 0
     is_decode_only: bool  # every sequence has new_len == 1
     decode: DecodePlan | None  # None when the batch has no decode rows
     prefill: tuple[PrefillPlan, ...]  # sequences with new_len > 1, in batch order
+
+    # The tensors below describe the batch for varlen kernels and the tests; no kernel of a decode step reads
+    # them (positions and slots come with the step's inputs), so they are built on first use, not per step.
+
+    @functools.cached_property
+    def cu_seqlens_q(self) -> Tensor:
+        """[batch + 1] int64 query row offsets."""
+        return _tensor([0, *accumulate(self.new_lens)], self.device)
+
+    @functools.cached_property
+    def cu_seqlens_k(self) -> Tensor:
+        """[batch + 1] int64 offsets of each sequence's whole context."""
+        return _tensor([0, *accumulate(c + n for c, n in zip(self.cache_lens, self.new_lens))], self.device)
+
+    @functools.cached_property
+    def position_ids(self) -> Tensor:
+        """[num_tokens] int64 absolute position of each query row (cache_len + j)."""
+        return _tensor([c + j for c, n in zip(self.cache_lens, self.new_lens) for j in range(n)], self.device)
+
+    @functools.cached_property
+    def new_token_slots(self) -> Tensor:
+        """[num_tokens] int64 slot of each new token from the block tables (block * block_size + offset), where
+        store_kv writes it; equals the router's slots, which follow the same rule."""
+        size = self.block_size
+        return _tensor([table[p // size] * size + p % size
+                        for table, c, n in zip(self.block_table_lists, self.cache_lens, self.new_lens)
+                        for p in range(c, c + n)], self.device)
+
+    @functools.cached_property
+    def block_tables(self) -> Tensor:
+        """[batch, max_blocks] int64, padded with block 0."""
+        return _tensor(_padded(self.block_table_lists), self.device)
 
     @property
     def batch_size(self) -> int:
@@ -144,6 +169,14 @@ def _tensor(array: np.ndarray | list[int], device: torch.device) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(device)
 
 
+def _padded(block_tables: Sequence[Sequence[int]]) -> np.ndarray:
+    """[batch, max_blocks] int64, padded with block 0."""
+    tables = np.zeros((len(block_tables), max(len(t) for t in block_tables)), dtype=np.int64)
+    for i, table in enumerate(block_tables):
+        tables[i, : len(table)] = table
+    return tables
+
+
 def build_attention_metadata(
     cache_lens: list[int],
     new_lens: list[int],
@@ -156,15 +189,12 @@ def build_attention_metadata(
     device = torch.device(device)
     context_lens = [c + n for c, n in zip(cache_lens, new_lens)]
     cu = [0, *accumulate(new_lens)]  # query row offsets
-    max_blocks = max(len(t) for t in block_tables)
 
     # Index math runs vectorised in numpy (no per-token Python), then each result becomes a tensor on `device`
     # once. A decode step rebuilds this every step, after the weights' stream has left the caches cold: as
     # ~20 torch calls on CPU tensors it took 0.19-0.24 ms of a 4.2 ms one-row GGUF step (Zen 5), a numpy call
     # costing a fraction of a torch one.
-    tables = np.zeros((len(block_tables), max_blocks), dtype=np.int64)  # padded with block 0
-    for i, table in enumerate(block_tables):
-        tables[i, : len(table)] = table
+    tables = _padded(block_tables)
     decode_seqs = [i for i, n in enumerate(new_lens) if n == 1]
     decode_only = len(decode_seqs) == len(new_lens)
     decode: DecodePlan | None = None
@@ -186,16 +216,6 @@ def build_attention_metadata(
             slots=_tensor(slots.reshape(-1), device),
             max_context_len=max_ctx,
         )
-
-    # Per query row: its sequence and its absolute position.
-    if decode_only:  # one row per sequence, at its cache length: the last visible slot of its decode row
-        positions = np.array(cache_lens, dtype=np.int64)
-        new_slots = slots[np.arange(len(cache_lens)), positions]
-    else:
-        row_seq = np.repeat(np.arange(len(new_lens)), new_lens)  # [num_tokens]
-        row_offset = np.arange(cu[-1]) - np.array(cu[:-1], dtype=np.int64)[row_seq]
-        positions = np.array(cache_lens, dtype=np.int64)[row_seq] + row_offset  # [num_tokens]
-        new_slots = _slot_matrix(tables[row_seq], positions[:, None], block_size)[:, 0]
 
     prefill: list[PrefillPlan] = []
     for i, (cache_len, new_len) in enumerate(zip(cache_lens, new_lens)):
@@ -226,13 +246,9 @@ def build_attention_metadata(
         num_tokens=cu[-1],
         max_context_len=max(context_lens),
         max_block_id=max(max(t) for t in block_tables),
-        cu_seqlens_q=_tensor(cu, device),
-        cu_seqlens_k=_tensor([0, *accumulate(context_lens)], device),
+        device=device,
         # a decode-only batch's context lengths are its decode plan's
         context_lens=decode.context_lens if decode_only and decode is not None else _tensor(context_lens, device),
-        position_ids=_tensor(positions, device),
-        new_token_slots=_tensor(new_slots, device),
-        block_tables=_tensor(tables, device),
         is_decode_only=decode_only,
         decode=decode,
         prefill=tuple(prefill),
@@ -257,9 +273,9 @@ def check_attention_inputs(
         raise InvalidRequestError(
             f"cache block_size {key_cache.shape[1]} != metadata block_size {meta.block_size}"
         )
-    if meta.block_tables.device != query.device:
+    if meta.context_lens.device != query.device:  # a tensor's device: "cuda" and "cuda:0" differ as names
         raise InvalidRequestError(
-            f"attention metadata lives on {meta.block_tables.device} but the query on {query.device}"
+            f"attention metadata lives on {meta.context_lens.device} but the query on {query.device}"
         )
     if meta.max_block_id >= key_cache.shape[0]:
         raise InvalidRequestError(
