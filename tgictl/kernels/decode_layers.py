@@ -148,9 +148,14 @@ class LayerStack:
 
 
 def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, slots: Tensor,
-                  caches: Sequence[tuple[Tensor, Tensor]], meta: AttentionMetadata) -> tuple[Tensor, Tensor] | None:
-    """The stack's first len(caches) layers on a decode step: (hidden, delta) after them, as the Python layers
-    return them, or None when this step cannot run in the C loop (nothing has been computed then).
+                  caches: Sequence[tuple[Tensor, Tensor]], meta: AttentionMetadata,
+                  final_norm: tuple[Tensor, float] | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    """The stack's first len(caches) layers on a decode step: (hidden, delta, None) after them, as the Python
+    layers return them, or None when this step cannot run in the C loop (nothing has been computed then).
+    With `final_norm` (the model's norm weight [H] and eps, after the last layer): (hidden + delta, delta,
+    norm(hidden + delta)), the norm by the same kernel as the Python model's (fused.rms_norm), in the same call
+    (its Python round trip cost ~50-70 us of a one-row step with the caches cold); a weight the kernel does not
+    take leaves the third None, for the caller to compute.
 
     hidden, delta: [m, H] bf16 (delta None before the first layer); cos, sin: [m, d / 2]; slots: [m];
     caches: the (key, value) caches [blocks, block_size, kv_heads, d] of the stack's first 1..count layers.
@@ -183,14 +188,20 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
     scratch = torch.empty(native.decode_layers_scratch(m, shape.hidden_size, shape.heads, shape.kv_heads,
                                                        shape.head_dim, shape.intermediate), dtype=torch.uint8)
     num_slots = key_cache.shape[0] * key_cache.shape[1]
+    norm_weight, norm_eps = final_norm if final_norm is not None else (None, 0.0)
+    normed = None
+    if norm_weight is not None and norm_weight.dtype == torch.bfloat16 and norm_weight.device.type == "cpu" \
+            and norm_weight.is_contiguous() and norm_weight.shape == (shape.hidden_size,):
+        normed = torch.empty_like(hidden)
     status = native.decode_layers_bf16(
         len(caches), stack.norm_pointers, stack.linears, stack.cache_pointers(caches), hidden_out.data_ptr(),
         delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
         decode.slots.data_ptr(), decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
-        shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale, scratch.data_ptr(),
-        torch.get_num_threads())
+        shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale,
+        None if normed is None else norm_weight.data_ptr(), norm_eps,  # type: ignore[union-attr]
+        None if normed is None else normed.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
     if status == -1:  # the refusal the Python path's KV store gives, before anything is written
         raise InvalidRequestError(f"a KV slot lies outside the cache's {num_slots} slots")
     if status != 0:
         raise MemoryError("the decode layers' kernels could not allocate their scratch memory")
-    return hidden_out, delta_out
+    return hidden_out, delta_out, normed

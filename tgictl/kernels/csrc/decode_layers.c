@@ -19,6 +19,9 @@
  * hidden:  [m, H] the residual stream before the first of the layers, overwritten with it after the
  *          last; delta: [m, H] the MLP output still to be added (read when has_delta), overwritten
  *          with the last layer's MLP output;
+ * final_norm: the model's final norm weight [H] bf16, or NULL: when given, final_out [m, H] receives
+ *          norm(hidden + delta) after the last layer (models/llama.py's last step, the same kernel) and
+ *          hidden the sum, so a decode step's hidden states leave in this one call;
  * scratch: tgictl_decode_layers_scratch() bytes, 64-byte aligned.
  * Returns 0; -1 when a slot lies outside the cache (nothing written); -2 when scratch memory was
  * refused inside a kernel (the step fails: the KV of the layers before is written).
@@ -129,7 +132,8 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
                               const uint16_t *cos, const uint16_t *sin, const int64_t *slots,
                               const int64_t *attention_slots, const int64_t *context_lens, int64_t max_len, int64_t m,
                               int64_t hidden_size, int64_t heads, int64_t kv_heads, int64_t d, int64_t inter,
-                              int64_t num_slots, float eps, float scale, void *scratch, int threads) {
+                              int64_t num_slots, float eps, float scale, const uint16_t *final_norm,
+                              float final_eps, uint16_t *final_out, void *scratch, int threads) {
     const int64_t H = hidden_size, qkv_width = (heads + 2 * kv_heads) * d;
     const int64_t widest = max_i64(qkv_width, 2 * inter);
     uint16_t *other = aligned(scratch), *normed = other + m * H, *attended = normed + m * H, *qkv = attended + m * H;
@@ -162,6 +166,11 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
         if (linear(&w[GATE_UP], normed, gate_up, m, 2 * inter, H, x32, y32, threads) != 0) return -2;
         tgictl_silu_mul_bf16(gate_up, activated, m, inter, threads);
         if (linear(&w[DOWN], activated, delta, m, H, inter, x32, y32, threads) != 0) return -2;
+    }
+    if (final_norm != NULL) {
+        uint16_t *next = residual == hidden ? other : hidden;
+        tgictl_rmsnorm_bf16(residual, delta, next, final_norm, final_out, m, H, final_eps, threads);
+        residual = next;
     }
     if (residual != hidden) memcpy(hidden, residual, sizeof(uint16_t) * (size_t)(m * H));
     return 0;

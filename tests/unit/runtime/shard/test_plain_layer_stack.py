@@ -209,8 +209,25 @@ def test_the_first_layers_of_the_stack_then_the_python_layers_equal_the_whole_st
     hidden, cos, sin, slots, meta = _decode_inputs(runner, 3)
     whole = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta)
     prefix = decode_layers(stack, hidden, None, cos, sin, slots, caches[:2], meta)
-    assert whole is not None and prefix is not None
-    out, delta = prefix
+    assert whole is not None and prefix is not None and whole[2] is None and prefix[2] is None
+    out, delta, _ = prefix
     for i in range(2, stack.count):
         out, delta = model.layers[i](out, delta, cos, sin, slots, *caches[i], meta)
     assert torch.equal(out, whole[0]) and torch.equal(delta, whole[1])
+
+
+def test_the_final_norm_in_the_same_call_equals_the_models(model_dir: Path) -> None:
+    runner = make_runner(model_dir, dtype=torch.bfloat16)
+    model = runner.model
+    stack = model.plain_layer_stack()
+    assert stack is not None
+    caches = [runner.kv_cache.layer(i) for i in range(stack.count)]
+    hidden, cos, sin, slots, meta = _decode_inputs(runner, 3)
+    plain = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta)
+    normed = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta, (model.norm.weight, model.norm.eps))
+    assert plain is not None and normed is not None and normed[2] is not None
+    total, expected = model.norm.add_forward(plain[0], plain[1])
+    assert torch.equal(normed[2], expected) and torch.equal(normed[0], total) and torch.equal(normed[1], plain[1])
+    # a weight the kernel does not take (float32) leaves the norm to the caller
+    other = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta, (model.norm.weight.float(), 1e-5))
+    assert other is not None and other[2] is None and torch.equal(other[0], plain[0])

@@ -134,9 +134,13 @@ class LlamaForCausalLM(CausalLM):
             # per sequence, in order), else all but the last, which picks the logit rows in Python.
             count = len(self.layers) if logit_indices.shape[0] == hidden.shape[0] else last
             caches = [kv_cache.layer(i) for i in range(count)]
-            done = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta) if count > 0 else None
+            final = (self.norm.weight, self.norm.eps) if count == len(self.layers) else None
+            done = decode_layers(stack, hidden, None, cos, sin, slots, caches, meta, final) if count > 0 else None
             if done is not None:
-                (hidden, delta), first = done, count
+                hidden, delta, normed = done
+                if normed is not None:  # the final norm ran in the same call
+                    return normed
+                first = count
         for i in range(first, len(self.layers)):
             layer = self.layers[i]
             key_cache, value_cache = kv_cache.layer(i)
