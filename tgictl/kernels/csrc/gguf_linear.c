@@ -221,7 +221,8 @@ static inline __attribute__((always_inline)) void q8_0_row(const uint8_t *w, con
 
 /* One input row against Q8_WROWS consecutive weight rows: four independent sums in flight instead of one chain
  * per row, the input's two vectors loaded once per block for all four, and one prefetch stream over the group
- * (its rows are contiguous). Each row's products and sums are q8_0_row's, in its order: the same floats. */
+ * (its rows are contiguous). Each row's products and sums are q8_0_row's, in its order (on the default GGUF's
+ * LM head the same floats as one row at a time; the build may reassociate either). */
 static inline __attribute__((always_inline)) void q8_0_rows_x1(const uint8_t *w, int64_t row_bytes, const float *x,
                                                                 int64_t k, float out[Q8_WROWS]) {
     v16f acc[Q8_WROWS];
