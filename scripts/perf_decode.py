@@ -3,6 +3,7 @@ metadata, forward, sampling, bookkeeping) at one batch size and context, plus a 
 
     python scripts/perf_decode.py --dtype bfloat16 --batch 32 --context 256 --threads 2
     python scripts/perf_decode.py --profile 5      # also print torch.profiler's top ops over 5 steps
+    python scripts/perf_decode.py --model-dir DIR --batch 1 --context 128 --steps 200 --outside-kernels
 
 "bare" is the paged forward alone (metadata built once outside the timing, no sampling, no batch
 bookkeeping); "roofline" is the bare forward: the same weights and math with contiguous
@@ -29,6 +30,7 @@ from tgictl.env import apply_shard_library_defaults  # noqa: E402
 from tgictl.kernels import build_attention_metadata  # noqa: E402
 from tgictl.kernels.attention_fast import _decode_output, _decode_scores  # noqa: E402
 from tgictl.kernels.batch_invariance import enable_batch_invariance  # noqa: E402
+from tgictl.kernels.native import load_native_kernels  # noqa: E402
 from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams  # noqa: E402
 from tgictl.runtime.shard.batch import ShardBatch  # noqa: E402
 from tgictl.runtime.shard.dist import DistContext  # noqa: E402
@@ -158,6 +160,48 @@ def print_pair(on_label: str, on_s: float, off_label: str, off_s: float, batch: 
           f"load {os.getloadavg()[0]:.2f}", flush=True)
 
 
+def print_outside_kernels(runner: ModelRunner, batch: ShardBatch, steps: int) -> None:
+    """Medians over `steps` served steps of: the decode layers' one C call, model.logits (the LM head with its
+    Python), and the rest of the step. With one row the rest is mostly Python and small torch calls that run
+    with the caches cold after the step's weight stream (docs/architecture.md)."""
+    native = load_native_kernels()
+    model = runner.model
+    spent = {"layers": 0, "head": 0}
+
+    def timing(fn: Callable[..., object], key: str) -> Callable[..., object]:
+        def timed(*args: object) -> object:
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args)
+            finally:
+                spent[key] += time.perf_counter_ns() - start
+        return timed
+
+    layers_fn, logits_fn = (native.decode_layers_bf16 if native is not None else None), model.logits
+    if native is not None:
+        object.__setattr__(native, "decode_layers_bf16", timing(layers_fn, "layers"))
+    model.logits = timing(logits_fn, "head")  # type: ignore[method-assign]
+    rows: list[tuple[int, int, int]] = []
+    try:
+        for i in range(steps + 2):
+            spent.update(layers=0, head=0)
+            start = time.perf_counter_ns()
+            _, kept, _ = runner.generate_token(batch)
+            if kept is None:
+                break
+            batch = kept
+            if i >= 2:
+                rows.append((time.perf_counter_ns() - start, spent["layers"], spent["head"]))
+    finally:
+        if native is not None:
+            object.__setattr__(native, "decode_layers_bf16", layers_fn)
+        del model.logits
+    step, layers, head = (statistics.median(r[j] for r in rows) / 1e3 for j in range(3))
+    rest = statistics.median((r[0] - r[1] - r[2]) / 1e3 for r in rows)
+    print(f"served step {step:.0f} us: decode layers' C call {layers:.0f} us, LM head (model.logits) {head:.0f} us, "
+          f"everything else {rest:.0f} us ({rest / step:.0%})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
@@ -178,12 +222,15 @@ def main() -> None:
     parser.add_argument("--compare-layer-loop", action="store_true",
                         help="also time the served step with the decode layers' compiled loop "
                         "(kernels/decode_layers.py) off, alternating step by step")
+    parser.add_argument("--outside-kernels", action="store_true",
+                        help="also split the served step into the decode layers' C call, the LM head "
+                        "(model.logits) and everything else (Python, small torch calls)")
     args = parser.parse_args()
     apply_shard_library_defaults()  # the shard's huge pages and oneDNN cache, before the first big allocation
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    compares = args.compare_fused + args.compare_batch_invariant + args.compare_layer_loop
+    compares = args.compare_fused + args.compare_batch_invariant + args.compare_layer_loop + args.outside_kernels
     new_tokens = args.steps * (2 + 2 * compares) + args.profile + 8
     prefill_start = time.perf_counter()
     model, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, new_tokens)
@@ -255,6 +302,8 @@ def main() -> None:
     def step() -> object:
         return runner.generate_token(batch)
 
+    if args.outside_kernels:
+        print_outside_kernels(runner, batch, args.steps)
     if args.compare_fused:
         import tgictl.kernels.fused as fused
 
