@@ -31,6 +31,7 @@ from tgictl.kernels import build_attention_metadata  # noqa: E402
 from tgictl.kernels.attention_fast import _decode_output, _decode_scores  # noqa: E402
 from tgictl.kernels.batch_invariance import enable_batch_invariance  # noqa: E402
 from tgictl.kernels.native import load_native_kernels  # noqa: E402
+from tgictl.quantization import QUANTIZE_METHODS, QuantizeSpec, quantize_spec  # noqa: E402
 from tgictl.proto.messages import Batch, Request, SamplingParams, StoppingParams  # noqa: E402
 from tgictl.runtime.shard.batch import ShardBatch  # noqa: E402
 from tgictl.runtime.shard.dist import DistContext  # noqa: E402
@@ -65,12 +66,13 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
     return tuple(out)
 
 
-def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int,
-                 new_tokens: int) -> tuple[CausalLM, ModelRunner, ShardBatch]:
+def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int, new_tokens: int,
+                 quantize: QuantizeSpec | None = None) -> tuple[CausalLM, ModelRunner, ShardBatch]:
     """The model, its runner and a decode batch of `batch` random prompts of `context` tokens, each
     prefilled alone (whole prompt) and then concatenated: the decode batch of a server, with room
     for `new_tokens` more tokens per row."""
-    model = load_model(model_dir, dtype=dtype, device=torch.device("cpu"), dist=DistContext.single())
+    model = load_model(model_dir, dtype=dtype, device=torch.device("cpu"), dist=DistContext.single(),
+                       quantize=quantize)
     requests = _requests(batch, context, new_tokens, model.config.vocab_size)
     # room for every row, then for one more prompt of `context` tokens (--compare-batch-invariant)
     blocks = 1 + (batch + 1) * -(-(context + new_tokens) // BLOCK)
@@ -206,6 +208,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantize", choices=QUANTIZE_METHODS, default=None,
+                        help="quantize a safetensors model's weights at load, as `tgictl shard --quantize`")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps")
@@ -233,7 +237,8 @@ def main() -> None:
     compares = args.compare_fused + args.compare_batch_invariant + args.compare_layer_loop + args.outside_kernels
     new_tokens = args.steps * (2 + 2 * compares) + args.profile + 8
     prefill_start = time.perf_counter()
-    model, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, new_tokens)
+    model, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, new_tokens,
+                                        quantize_spec(args.quantize, None))
     prefill_tps = args.batch * args.context / (time.perf_counter() - prefill_start)
     vocab = model.config.vocab_size
 

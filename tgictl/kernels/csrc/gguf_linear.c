@@ -23,6 +23,7 @@
 #include "amx.h"
 #include "avx2.h"
 #include "fp16.h"
+#include "int8_widen.h"
 #include "vec16.h"
 
 #define ROWS_PER_CHUNK 16
@@ -157,24 +158,6 @@ int tgictl_gguf_dequantize(int type, const uint8_t *w, int64_t row_bytes, float 
 #define Q8_0_BYTES 34
 #define Q8_XROWS 4 /* input rows per pass over the weights */
 #define Q8_PREFETCH_BYTES 4096
-
-/* 16 int8 -> 16 float32. Intrinsics where the CPU has them: GCC 12 turns the vector-extension conversion
- * (int8 -> int32 -> float) into 16 scalar ones, 5x slower than the sign extension it should be. */
-static inline v16f widen_i8(const int8_t *p) {
-    v16f v;
-#if defined(__AVX512F__)
-    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    memcpy(&v, &f, sizeof v);
-#elif defined(__AVX2__)
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))));
-    memcpy(&v, &lo, sizeof lo);
-    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
-#else
-    for (int i = 0; i < 16; i++) v[i] = (float)p[i];
-#endif
-    return v;
-}
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /* AVX2: the 16-float vectors above live in two registers each and went through memory on every widening (the
