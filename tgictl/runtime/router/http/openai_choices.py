@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from tgictl.runtime.router.http.responses import (
     KEEP_ALIVE_S,
     SSEResponse,
     TgiJSONResponse,
+    in_bursts,
     sse,
     until_disconnect,
 )
@@ -126,7 +127,7 @@ class OpenAIRun:
 
         if body.stream:
             events = self._events(jobs, channel, chunk, chunk_object, body.include_usage())
-            return SSEResponse(events, on_close=release)
+            return SSEResponse(in_bursts(channel, events), on_close=release)
         try:
             outcomes = await until_disconnect(http, collect_all(channel))
         finally:
@@ -145,7 +146,7 @@ class OpenAIRun:
         chunk: Callable[[Job, TokenEvent | EndEvent], dict[str, Any] | None],
         chunk_object: str,
         include_usage: bool,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         ends: dict[int, EndEvent] = {}
         usage_key = {"usage": None} if include_usage else {}
         try:

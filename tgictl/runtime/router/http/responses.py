@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tgictl.errors import TgictlError
+from tgictl.runtime.router.scheduling.event_channel import EventChannel
 
 T = TypeVar("T")
 
@@ -55,6 +56,26 @@ def sse(data: Any) -> str:
 # event (EventChannel.next's timeout), so proxies see traffic while a request waits in the queue.
 KEEP_ALIVE_S = 15.0
 KEEP_ALIVE = ": keep-alive\n\n"  # an SSE comment; clients ignore it
+
+
+async def in_bursts(channel: EventChannel, texts: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    """The SSE text of `texts` (a stream read from `channel`), joined while `channel` already holds its next
+    events: the tokens of a multi-step Decode answer, delivered together, leave in one write to the socket
+    instead of one each. They stay separate events; a lone event is never held back. Why: on a loopback
+    connection each write's send() also runs the receiving side's TCP work, and with one client on 2 cores
+    the router's writes took CPU time from the shard's compute threads (the router's main thread: ~0.4 ms of
+    CPU per streamed token, a third of it in the socket writes). Closing the result closes `texts`."""
+    parts: list[str] = []
+    try:
+        async for text in texts:
+            parts.append(text)
+            if not channel.has_pending:
+                yield "".join(parts)
+                parts.clear()
+        if parts:
+            yield "".join(parts)
+    finally:
+        await texts.aclose()
 
 
 class SSEResponse(StreamingResponse):

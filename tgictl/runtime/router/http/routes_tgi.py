@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -26,6 +26,7 @@ from tgictl.runtime.router.http.responses import (
     SSEResponse,
     TgiJSONResponse,
     error_body,
+    in_bursts,
     sse,
     until_disconnect,
 )
@@ -36,6 +37,7 @@ from tgictl.runtime.router.http.schemas_tgi import (
 )
 from tgictl.runtime.router.metrics import METRICS_CONTENT_TYPE
 from tgictl.runtime.router.request import EndEvent, ErrorEvent, TokenEvent
+from tgictl.runtime.router.scheduling.event_channel import EventChannel
 from tgictl.runtime.router.service import Admission, RouterService
 
 
@@ -121,14 +123,24 @@ def _json(answer: tuple[Any, dict[str, str]] | None, as_list: bool = False) -> R
 async def _events(
     service: RouterService, admission: Admission, body: GenerateRequest, full_text: bool
 ) -> AsyncIterator[str]:
-    params = body.parameters
-    index = 0
     try:
         validated = await service.validate(admission, to_generation_input(body, stream=True))
     except TgictlError as err:  # validation runs inside the stream: TGI sends it in-band
         yield sse(error_body(err))
         return
     channel = service.open([admission], [validated])
+    bursts = in_bursts(channel, _messages(channel, body, full_text))
+    try:
+        async for text in bursts:
+            yield text
+    finally:
+        await bursts.aclose()
+
+
+async def _messages(channel: EventChannel, body: GenerateRequest, full_text: bool) -> AsyncGenerator[str, None]:
+    """The SSE events of one generation read from `channel`, which closes when they end."""
+    params = body.parameters
+    index = 0
     try:
         while not channel.done:
             item = await channel.next(KEEP_ALIVE_S)

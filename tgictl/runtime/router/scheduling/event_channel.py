@@ -56,6 +56,11 @@ class EventChannel:
         """Every generation ended and every event was read."""
         return len(self.ends) == self._count and not self._pending
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether `next()` would return an event at once."""
+        return bool(self._pending)
+
     def deliver(self, index: int, event: StreamEvent) -> None:
         if index in self.ends:
             return  # after fail(): the batcher's late events for a generation already ended
