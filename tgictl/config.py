@@ -100,6 +100,7 @@ MAX_UDS_PATH_BYTES = 90
 # Most decode steps one Decode call may ask for (generate.proto's DecodeRequest.steps): a bound on one
 # call's work, so that no router setting holds the device for minutes.
 MAX_DECODE_STEPS = 64
+MAX_ADAPTIVE_DECODE_STEPS = 16  # the most steps RouterConfig.decode_call_ms adds up to
 
 
 def default_uds_path(uid: int) -> Path:
@@ -285,6 +286,11 @@ class RouterConfig:
     # Decode steps per shard call while no request waits to join (runtime/shard/decode_steps.py): fewer
     # round trips per token, tokens streamed in bursts of up to this many. 1: one step per call, as TGI.
     decode_steps: int = 4
+    # ... and more while the steps are short, until a call's forward lasts about this long (the previous call's
+    # forward per step tells; at most MAX_ADAPTIVE_DECODE_STEPS), so the router's ~1 ms of CPU per call stays a
+    # small part of a call for fast models too, and every model streams in bursts of about the same length
+    # (4 steps of bf16 SmolLM2 on 2 cores: ~34 ms). 0: exactly decode_steps; decode_steps 1 is always one.
+    decode_call_ms: float = 30.0
     # The radix prefix cache (TGI's PREFIX_CACHING). Off: every prompt is computed in full, and blocks
     # go straight back to the free list.
     prefix_caching: bool = True
@@ -320,6 +326,8 @@ class RouterConfig:
         for name, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if not 0 <= self.decode_call_ms <= 10_000:
+            raise ConfigError(f"decode_call_ms must be within 0..10000, got {self.decode_call_ms}")
         if self.decode_steps > MAX_DECODE_STEPS:
             raise ConfigError(f"decode_steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
         if self.port > 65535:

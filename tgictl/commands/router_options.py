@@ -59,6 +59,11 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help="Decode steps per shard call while no request waits to join: fewer round trips per token, "
         "tokens streamed in bursts of up to this many (1: one step per call).",
     )),
+    ("decode_call_ms", float, typer.Option(
+        _DEFAULTS["decode_call_ms"], "--decode-call-ms",
+        help="With --decode-steps above 1: more steps per call while steps are short, until a call's forward "
+        "lasts about this long (at most 16 steps; 0: exactly --decode-steps).",
+    )),
     ("prefix_caching", Optional[bool], typer.Option(
         None, "--prefix-caching/--no-prefix-caching", show_default=False,
         help="Reuse the KV of cached prompt prefixes (default: on, or $PREFIX_CACHING as TGI reads it).",

@@ -25,6 +25,7 @@ from tgictl.proto.messages import (
     Info,
     Request,
     StepResult,
+    Timings,
     Tokens,
     WarmupRequest,
     WarmupResult,
@@ -57,6 +58,7 @@ class FakeShard:
     batches: dict[int, list[_Live]] = field(default_factory=dict)
     calls: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     decode_steps: list[int] = field(default_factory=list)  # the steps every Decode asked for
+    step_forward_ns: int = 0  # the forward time every step reports (Timings.forward_ns, summed per call)
     forwards: int = 0
     peak_batch_size: int = 0  # the most requests one forward carried
     cache_lens: list[int] = field(default_factory=list)  # of every prefilled request, in order
@@ -93,7 +95,9 @@ class FakeShard:
             if result.batch is None:
                 break
             more = self._step(result.batch.id, self.batches.pop(result.batch.id))
-            result = StepResult(tuple(merge_generations(result.generations, more.generations)), more.batch)
+            forward_ns = result.timings.forward_ns + more.timings.forward_ns
+            result = StepResult(tuple(merge_generations(result.generations, more.generations)), more.batch,
+                                Timings(forward_ns=forward_ns))
         return result
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
@@ -142,12 +146,12 @@ class FakeShard:
             if finish is None:
                 running.append(live)
         if not running:
-            return StepResult(tuple(generations), None)
+            return StepResult(tuple(generations), None, Timings(forward_ns=self.step_forward_ns))
         progress = [(len(live.request.input_ids), live.prompt_done) for live in running]
         for live, length in zip(running, next_chunk_lengths(progress, self.max_prefill_tokens)):
             live.chunk_len = length
         self.batches[batch_id] = running
-        return StepResult(tuple(generations), self._cached(batch_id))
+        return StepResult(tuple(generations), self._cached(batch_id), Timings(forward_ns=self.step_forward_ns))
 
     def _cached(self, batch_id: int) -> CachedBatch:
         lives = self.batches[batch_id]

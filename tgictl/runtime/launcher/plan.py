@@ -47,6 +47,7 @@ ROUTER_FLAGS: dict[str, str] = {
     "max_batch_total_tokens": "--max-batch-total-tokens",
     "max_batch_size": "--max-batch-size",
     "decode_steps": "--decode-steps",
+    "decode_call_ms": "--decode-call-ms",
     "prefix_caching": "--prefix-caching",
     "max_client_batch_size": "--max-client-batch-size",
     "api_key": "--api-key",

@@ -159,6 +159,7 @@ class RouterService:
                 max_batch_prefill_tokens=limits.max_batch_prefill_tokens,
                 max_batch_size=limits.max_batch_size,
                 decode_steps=config.decode_steps,
+                decode_call_ns=round(config.decode_call_ms * 1e6),
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS
 from tgictl.errors import GenerationError, TgictlError
 from tgictl.proto.messages import Batch, CachedBatch, StepResult
 from tgictl.runtime.router.kv.block_allocator import KvAllocator
@@ -46,6 +48,7 @@ class BatcherConfig:
     max_batch_prefill_tokens: int
     max_batch_size: int | None = None
     decode_steps: int = 1  # per Decode while the queue is empty (RouterConfig.decode_steps)
+    decode_call_ns: int = 0  # more steps while they are short, to about this forward per call (RouterConfig)
 
 
 class Batcher:
@@ -65,6 +68,7 @@ class Batcher:
         self._config = config
         self._on_error = on_error
         self._states: dict[int, Entry] = {}  # in flight, by the id of their current round
+        self._step_ns: float | None = None  # forward per step of the last Decode whose steps all ran
         self._wakeup = asyncio.Event()
         # Held around every forward; /health's probe forward takes it too (health.py), so the shards
         # always see one forward at a time, in the same order on every rank.
@@ -156,15 +160,28 @@ class Batcher:
             return None
         return await self._apply(result)
 
+    def decode_steps(self) -> int:
+        """Steps for the next Decode: one while a request waits (it may join after every step); else
+        decode_steps, or more while steps are short, to about decode_call_ns of forward per call (the last
+        full call's forward per step says how many; at most MAX_ADAPTIVE_DECODE_STEPS)."""
+        base = self._config.decode_steps
+        if len(self._queue):
+            return 1
+        if base <= 1 or self._config.decode_call_ns <= 0 or self._step_ns is None:
+            return base
+        wanted = math.ceil(self._config.decode_call_ns / self._step_ns)
+        return max(base, min(wanted, MAX_ADAPTIVE_DECODE_STEPS))
+
     async def _decode(self, running: CachedBatch) -> CachedBatch | None:
-        # Several steps per call only while nobody waits: a queued request may join after every step.
-        steps = self._config.decode_steps if not len(self._queue) else 1
+        steps = self.decode_steps()
         try:
             async with self.forward_lock:
                 result = await self._client.decode([running], steps)
         except Exception as err:  # noqa: BLE001 - see _prefill
             await self._fail([running.id], list(running.request_ids), _as_error(err))
             return None
+        if result.batch is not None and result.timings.forward_ns > 0:  # every step ran (none stopped early)
+            self._step_ns = result.timings.forward_ns / steps
         return await self._apply(result)
 
     async def _apply(self, result: StepResult) -> CachedBatch | None:

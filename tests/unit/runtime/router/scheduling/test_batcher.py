@@ -159,6 +159,24 @@ def test_decode_steps_per_call_give_every_client_the_same_stream(texts: TokenTex
     assert streams[3] == streams[1]
 
 
+@pytest.mark.parametrize(("step_ms", "decode_steps", "expected"), [
+    (3.0, 4, 10),   # short steps: as many as make a 30 ms call
+    (0.5, 4, 16),   # very short ones: at most MAX_ADAPTIVE_DECODE_STEPS
+    (12.0, 4, 4),   # long ones: never fewer than --decode-steps
+    (0.5, 1, 1),    # --decode-steps 1: always one step per call, as TGI
+])
+def test_short_steps_get_more_of_them_per_call(texts: TokenTexts, step_ms: float, decode_steps: int,
+                                               expected: int) -> None:
+    batcher, shard, allocator, _ = make(texts, decode_steps=decode_steps, decode_call_ns=30_000_000)
+    shard.step_forward_ns = round(step_ms * 1e6)
+    client = Client(request(max_new_tokens=60))
+    asyncio.run(serve(batcher, [client]))
+    assert len(tokens_of(client)) == 60
+    # the first call knows no step time yet; the next ones ask for what fits (the last one stops early)
+    assert shard.decode_steps[0] == decode_steps and set(shard.decode_steps[1:]) == {expected}
+    assert_no_leak(allocator)
+
+
 def test_one_step_per_call_while_a_request_waits(texts: TokenTexts) -> None:
     # 8 blocks of 4 tokens, block 0 reserved: a 20-token request holds 5, so the second waits in the queue.
     batcher, shard, allocator, queue = make(texts, num_blocks=8, decode_steps=4)
