@@ -66,7 +66,7 @@ def test_every_backend_matches_the_reference(name: str, dtype: torch.dtype) -> N
     generator = torch.Generator().manual_seed(1)
     bias = torch.randn(weight.out_features, generator=generator).to(dtype)
     ran = set()
-    for rows in (1, 3, 17, 64):
+    for rows in (1, 3, 7, 17, 64):
         x = torch.randn(rows, weight.in_features, generator=generator).to(dtype)
         for b in (None, bias):
             expected = torch.nn.functional.linear(x.float(), weight.dequantize(), None if b is None else b.float())
