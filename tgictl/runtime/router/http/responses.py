@@ -61,10 +61,10 @@ KEEP_ALIVE = ": keep-alive\n\n"  # an SSE comment; clients ignore it
 async def in_bursts(channel: EventChannel, texts: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
     """The SSE text of `texts` (a stream read from `channel`), joined while `channel` already holds its next
     events: the tokens of a multi-step Decode answer, delivered together, leave in one write to the socket
-    instead of one each. They stay separate events; a lone event is never held back. Why: on a loopback
-    connection each write's send() also runs the receiving side's TCP work, and with one client on 2 cores
-    the router's writes took CPU time from the shard's compute threads (the router's main thread: ~0.4 ms of
-    CPU per streamed token, a third of it in the socket writes). Closing the result closes `texts`."""
+    instead of one each. They stay separate events; a lone event is never held back. Why: each write is a
+    send() and a wake-up of the client, whose CPU on a 2-core host is the shard's (one client, the GGUF at 4
+    steps per call: 129 -> 34 writes per 128-token stream, the client's CPU per token 0.08-0.10 -> 0.07 ms; the
+    router's own CPU did not measurably change). Closing the result closes `texts`."""
     parts: list[str] = []
     try:
         async for text in texts:
