@@ -81,22 +81,26 @@ def test_the_avx512_bf16_path_without_amx(tmp_path: Path) -> None:
     path = _build("cc", tmp_path, march="sapphirerapids", extra_flags=NO_AMX)
     kernels = bind_quant_kernels(ctypes.CDLL(str(path)))
     assert kernels.int4_bf16_instructions == "avx512-bf16"
-    # GGUF and int8 rows decoded per strip, multiplied by csrc/dpbf16_linear.c: up to 32 rows, then declined
+    # GGUF and int8 rows decoded per strip, multiplied by csrc/dpbf16_linear.c: up to 32 rows; above, int8 goes
+    # 32 rows at a time (a prefill) and GGUF declines
     data = torch.from_numpy(quantized_blocks("Q8_0", torch.randn(70, 256).numpy(), np.random.default_rng(0)))
     q8_0 = GGUFWeight(data, BLOCK_TYPES["Q8_0"], 256, torch.bfloat16)
     int8 = Int8Weight.quantize(torch.randn(70, 256), torch.bfloat16)
     bias = torch.randn(70)
-    for rows in (5, 32, 33):
+    for rows in (5, 32, 33, 70):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
         products = ((q8_0, kernels.gguf_bf16_linear(x, data, BLOCK_TYPES["Q8_0"].native_id, 256, bias)),
                     (int8, kernels.int8_bf16_linear(x, int8.qweight, int8.scales, bias)))
         for weight, out in products:
-            if rows > 32:
+            if rows > 32 and weight is q8_0:
                 assert out is None
                 continue
             expected = torch.nn.functional.linear(x.float(), weight.dequantize().bfloat16().float(), bias)
             assert out is not None and out.dtype == torch.bfloat16
             torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-2)
+            if weight is int8:  # each row as it is alone: the parts of 32 change no row's sums
+                alone = kernels.int8_bf16_linear(x[-1:], int8.qweight, int8.scales, bias)
+                assert alone is not None and torch.equal(out[-1:], alone)
     for rows, shape in ((1, (200, 512)), (7, (130, 99)), (33, (576, 1536))):
         w = torch.randn(*shape, generator=torch.Generator().manual_seed(rows)) * 0.05
         check_against_bf16_weights(kernels, Int4Weight.quantize(w, 32, torch.bfloat16), rows, seed=rows)
