@@ -79,7 +79,8 @@ def test_every_flag_reaches_its_field() -> None:
         master_shard_uds_path="/s-0", tokenizer_name="t", served_model_name="tgi", hostname="0.0.0.0", port=9000,
         graceful_termination_timeout_s=3.5, max_concurrent_requests=7, max_input_tokens=100, max_total_tokens=200,
         max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, decode_steps=2,
-        decode_call_ms=12.5, prefix_caching=False, max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10, max_client_batch_size=11,
+        decode_call_ms=12.5, prefix_caching=False, max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10,
+        max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
         validation_workers=4, otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
     )  # fmt: skip

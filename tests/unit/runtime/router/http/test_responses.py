@@ -101,7 +101,6 @@ def test_until_disconnect_cancels_the_work() -> None:
 
 
 def test_events_delivered_together_leave_in_one_write_and_a_lone_one_at_once() -> None:
-
     token = TokenInfo(id=7, text="a", logprob=-0.5, special=False)
     channel = EventChannel(1)
     closed: list[str] = []
@@ -139,7 +138,6 @@ def test_events_delivered_together_leave_in_one_write_and_a_lone_one_at_once() -
 
 
 def test_closing_the_bursts_closes_the_stream_they_read() -> None:
-
     channel = EventChannel(1)
     closed: list[str] = []
 
