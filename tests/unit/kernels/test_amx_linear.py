@@ -64,16 +64,18 @@ def test_linear_routes_5_to_32_bf16_rows_to_it() -> None:
         assert not uses_amx(x.float())
 
 
-def check_many_rows(linear_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None], w16: torch.Tensor) -> None:
+def check_many_rows(linear_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None], w16: torch.Tensor,
+                    dpbf16_in_parts: bool = False) -> None:
     """linear_fn(x, bias) at 5, 32, 33 and 100 rows equals the float32 matmul on the bf16 weights w16 [out, in]
     within the output's rounding; where there is no AMX it takes csrc/dpbf16_linear.c up to 32 rows (where the
-    CPU has AVX512-BF16) and declines the rest."""
+    CPU has AVX512-BF16) and declines the rest, or with `dpbf16_in_parts` takes them 32 rows at a time."""
     out_features, in_features = w16.shape
     for rows in (5, 32, 33, 100):
         x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
         bias = torch.randn(out_features, generator=torch.Generator().manual_seed(rows + 1))
         out = linear_fn(x, bias)
-        if not (amx_available() or (dpbf16_linear_available() and rows <= DPBF16_LINEAR_MAX_ROWS)):
+        dpbf16_takes = dpbf16_linear_available() and (dpbf16_in_parts or rows <= DPBF16_LINEAR_MAX_ROWS)
+        if not (amx_available() or dpbf16_takes):
             assert out is None
             continue
         assert out is not None and out.shape == (rows, out_features) and out.dtype == torch.bfloat16
@@ -112,4 +114,4 @@ def test_int8_rows_decoded_for_it_equal_the_matmul_on_bf16_weights() -> None:
     weight = Int8Weight.quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(8)) * 0.05,
                                  torch.bfloat16)
     check_many_rows(lambda x, bias: kernels.int8_bf16_linear(x, weight.qweight, weight.scales, bias),
-                    weight.dequantize().bfloat16().float())
+                    weight.dequantize().bfloat16().float(), dpbf16_in_parts=True)
