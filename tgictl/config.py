@@ -287,7 +287,7 @@ class RouterConfig:
     # round trips per token, tokens streamed in bursts of up to this many. 1: one step per call, as TGI.
     decode_steps: int = 4
     # ... and more while the steps are short, until a call's forward lasts about this long (the previous call's
-    # forward per step tells; at most MAX_ADAPTIVE_DECODE_STEPS), so the router's ~1 ms of CPU per call stays a
+    # forward per step tells; at most MAX_ADAPTIVE_DECODE_STEPS), so the router's ~1.3 ms of CPU per call stays a
     # small part of a call for fast models too, and every model streams in bursts of about the same length
     # (4 steps of bf16 SmolLM2 on 2 cores: ~34 ms). 0: exactly decode_steps; decode_steps 1 is always one.
     decode_call_ms: float = 30.0

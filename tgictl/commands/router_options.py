@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import typer
 
-from tgictl.config import RouterConfig
+from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, RouterConfig
 from tgictl.env import Env
 
 # RouterConfig is the single source of the defaults (the launcher's router_argv compares against it too).
@@ -62,7 +62,7 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("decode_call_ms", float, typer.Option(
         _DEFAULTS["decode_call_ms"], "--decode-call-ms",
         help="With --decode-steps above 1: more steps per call while steps are short, until a call's forward "
-        "lasts about this long (at most 16 steps; 0: exactly --decode-steps).",
+        f"lasts about this long (at most {MAX_ADAPTIVE_DECODE_STEPS} steps; 0: exactly --decode-steps).",
     )),
     ("prefix_caching", Optional[bool], typer.Option(
         None, "--prefix-caching/--no-prefix-caching", show_default=False,
