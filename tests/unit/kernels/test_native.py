@@ -115,7 +115,7 @@ def test_unavailable_compiler_or_switch_falls_back(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 4, 6])
-# (out, in): columns past the last 32-column chunk, output rows past the last 4-row tile, a chunk-exact row
+# (out, in): columns past the last 32-column chunk, an odd split of output rows between threads, a chunk-exact row
 @pytest.mark.parametrize("shape", [(300, 70), (301, 64), (7, 33)])
 def test_small_linear_matches_torch(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
     kernels = load_native_kernels()
@@ -132,6 +132,10 @@ def test_small_linear_matches_torch(dtype: torch.dtype, rows: int, shape: tuple[
         expected = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
         tol = {"atol": 1e-4, "rtol": 1e-5} if dtype == torch.float32 else BF16_TOL
         torch.testing.assert_close(out.float(), expected, **tol)
+        if dtype == torch.bfloat16:  # each row's sums do not depend on the rows beside it (batch invariance)
+            for i in range(rows):
+                alone = kernels.small_linear(x[i:i + 1], weight, b)
+                assert alone is not None and torch.equal(out[i:i + 1], alone)
 
 
 def test_small_linear_bf16_weight_float32_rows() -> None:

@@ -4,13 +4,17 @@
  * and used for a handful of multiply-adds, so its speed is the memory bandwidth. torch's bf16 matmul
  * reaches about a third of it at one row, so batch-1 decode spent most of its time there.
  *
- * bf16 weights: each thread streams one contiguous range of output rows, four rows at a time (four
- * independent sums hide the multiply-add latency), and prefetches two tiles ahead into L2 (measured on
- * SmolLM2's shapes, Sapphire Rapids, 2 threads: 10-11 GB/s without, 15-18 with, against 18 for a bare
- * read). A bf16 pair in a 32-bit lane becomes two float32 values without a shuffle (vec16.h), so x is
- * laid out once per call as even|odd halves of every 32 columns to match. Products and sums
- * are float32; sums are in another order than oneDNN's, so results differ from torch's by float
- * rounding only. x and y are bf16 or float32 (flags), so the caller converts nothing.
+ * bf16 weights: each thread streams one contiguous range of output rows, one row at a time against up to
+ * four input rows, and prefetches its stream 4 KiB ahead into L1. One row at a time keeps each thread's
+ * reads one sequential stream: SmolLM2-135M's 120 projections, weights from memory, 2 Zen 5 threads, one
+ * input row, 6.7-7.9 -> 5.1-5.5 ms (31 -> 40 GB/s; its LM head 1.7 -> 1.25 ms), 4 input rows 12.9 -> 9.6 ms,
+ * against tiles of four rows each prefetched two tiles ahead into L2 (which had taken Sapphire Rapids from
+ * 10-11 to 15-18 GB/s; 2 KiB, 8 KiB, into L2 or non-temporal: the same or slower). A bf16 pair in a 32-bit
+ * lane becomes two float32 values without a shuffle (vec16.h), so x is laid out once per call as even|odd
+ * halves of every 32 columns to match. Products and sums are float32, each row's in the same order whatever
+ * the rows beside it (a row's result does not depend on the batch); sums are in another order than oneDNN's,
+ * so results differ from torch's by float rounding only. x and y are bf16 or float32 (flags), so the caller
+ * converts nothing.
  *
  * f32 weights: a plain per-row loop for the vectoriser (float32 is the exactness path, not the fast one).
  *
@@ -46,51 +50,35 @@ void tgictl_small_linear_f32(const float *x, const float *weight, const float *b
     }
 }
 
-#define CHUNK 32     /* columns per step: 16 bf16 pairs, one 64-byte line of a weight row */
-#define TILE 4       /* weight rows per pass */
-#define MAX_XROWS 4  /* input rows per pass over the weights */
-#define PREFETCH_TILES 2
+#define CHUNK 32    /* columns per step: 16 bf16 pairs, one 64-byte line of a weight row */
+#define MAX_XROWS 4 /* input rows per pass over the weights */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096 /* how far ahead of the line being read a thread's stream is prefetched */
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 3
+#endif
 
-/* Rows r..r+TILE-1 of w against M input rows. xs: [M][kv] even|odd float32 halves; xt: [M][k] float32
- * (the columns past kv). sums[i][t]: row r + t of input row i. M is a constant at each call site. */
-static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *w, const float *xs, const float *xt,
-                                                            int64_t k, int64_t kv, int64_t r, int M,
-                                                            float sums[MAX_XROWS][TILE]) {
-    v16f acc[MAX_XROWS][TILE];
-    for (int i = 0; i < M; i++)
-        for (int t = 0; t < TILE; t++) acc[i][t] = (v16f){0};
-    const uint16_t *w0 = w + r * k, *ahead = w0 + PREFETCH_TILES * TILE * k;
+/* Weight row w against M input rows. xs: [M][kv] even|odd float32 halves; xt: [M][k] float32 (the columns
+ * past kv). sums[i]: the row against input row i. M is a constant at each call site. */
+static inline __attribute__((always_inline)) void row_bf16(const uint16_t *w, const float *xs, const float *xt,
+                                                           int64_t k, int64_t kv, int M, float sums[MAX_XROWS]) {
+    v16f acc[MAX_XROWS];
+    for (int i = 0; i < M; i++) acc[i] = (v16f){0};
     for (int64_t j = 0; j < kv; j += CHUNK) {
-        for (int t = 0; t < TILE; t++) __builtin_prefetch(ahead + t * k + j, 0, 1);
-        v16u u[TILE];
-        for (int t = 0; t < TILE; t++) u[t] = load_v16u(w0 + t * k + j);
-        for (int i = 0; i < M; i++) {
-            const v16f even = load_v16f(xs + i * kv + j), odd = load_v16f(xs + i * kv + j + 16);
-            for (int t = 0; t < TILE; t++) {
-                acc[i][t] += bf16_even(u[t]) * even;
-                acc[i][t] += bf16_odd(u[t]) * odd;
-            }
-        }
-    }
-    for (int i = 0; i < M; i++)
-        for (int t = 0; t < TILE; t++) {
-            float s = sum_v16f(acc[i][t]);
-            for (int64_t j = kv; j < k; j++) s += bf16_to_float(w0[t * k + j]) * xt[i * k + j];
-            sums[i][t] = s;
-        }
-}
-
-/* One output row (the tail of a thread's range when it is not a multiple of TILE). */
-static float row_bf16(const uint16_t *w, const float *xs, const float *xt, int64_t k, int64_t kv) {
-    v16f acc = {0};
-    for (int64_t j = 0; j < kv; j += CHUNK) {
+        __builtin_prefetch((const char *)(w + j) + PREFETCH_BYTES, 0, PREFETCH_HINT);
         const v16u u = load_v16u(w + j);
-        acc += bf16_even(u) * load_v16f(xs + j);
-        acc += bf16_odd(u) * load_v16f(xs + j + 16);
+        const v16f even = bf16_even(u), odd = bf16_odd(u);
+        for (int i = 0; i < M; i++) {
+            acc[i] += even * load_v16f(xs + i * kv + j);
+            acc[i] += odd * load_v16f(xs + i * kv + j + 16);
+        }
     }
-    float s = sum_v16f(acc);
-    for (int64_t j = kv; j < k; j++) s += bf16_to_float(w[j]) * xt[j];
-    return s;
+    for (int i = 0; i < M; i++) {
+        float s = sum_v16f(acc[i]);
+        for (int64_t j = kv; j < k; j++) s += bf16_to_float(w[j]) * xt[i * k + j];
+        sums[i] = s;
+    }
 }
 
 static inline void store(void *y, int y_bf16, int64_t index, float value) {
@@ -118,27 +106,21 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
-        thread_rows(n, TILE, &lo, &hi);
+        thread_rows(n, 1, &lo, &hi);
         for (int64_t i0 = 0; i0 < m; i0 += MAX_XROWS) {
             const int64_t rows = m - i0 < MAX_XROWS ? m - i0 : MAX_XROWS;
             const float *xsi = xs + i0 * kv, *xti = xt + i0 * k;
-            int64_t r = lo;
-            for (; r + TILE <= hi; r += TILE) {
-                float sums[MAX_XROWS][TILE];
+            for (int64_t r = lo; r < hi; r++) {
+                float sums[MAX_XROWS];
                 switch (rows) { /* constant row counts: the accumulators stay in registers */
-                case 1: tile_bf16(weight, xsi, xti, k, kv, r, 1, sums); break;
-                case 2: tile_bf16(weight, xsi, xti, k, kv, r, 2, sums); break;
-                case 3: tile_bf16(weight, xsi, xti, k, kv, r, 3, sums); break;
-                default: tile_bf16(weight, xsi, xti, k, kv, r, 4, sums); break;
+                case 1: row_bf16(weight + r * k, xsi, xti, k, kv, 1, sums); break;
+                case 2: row_bf16(weight + r * k, xsi, xti, k, kv, 2, sums); break;
+                case 3: row_bf16(weight + r * k, xsi, xti, k, kv, 3, sums); break;
+                default: row_bf16(weight + r * k, xsi, xti, k, kv, 4, sums); break;
                 }
                 for (int64_t i = 0; i < rows; i++)
-                    for (int t = 0; t < TILE; t++)
-                        store(y, y_bf16, (i0 + i) * n + r + t, sums[i][t] + (bias != NULL ? bias[r + t] : 0.0f));
+                    store(y, y_bf16, (i0 + i) * n + r, sums[i] + (bias != NULL ? bias[r] : 0.0f));
             }
-            for (; r < hi; r++)
-                for (int64_t i = 0; i < rows; i++)
-                    store(y, y_bf16, (i0 + i) * n + r,
-                          row_bf16(weight + r * k, xsi + i * kv, xti + i * k, k, kv) + (bias != NULL ? bias[r] : 0.0f));
         }
     }
     free(xs);
