@@ -10,11 +10,12 @@
  * shuffles run on one port), so x is laid out once per call in four phases per 64 columns to match: phase b
  * holds columns 4l + b. The kernel this replaced took one row per OpenMP chunk of 16, the threads' chunks
  * interleaved, one sum at a time: SmolLM2's 120 projections streamed at 13 GB/s on 2 Zen 5 cores.
- * One input row (a one-client decode step, AVX-512 builds): groups of 4 weight rows read 16 columns at a time
- * by sign extension (int8_widen.h), x as given, one prefetch stream 8 KiB ahead over the group's contiguous
- * bytes. The int8 LM head of SmolLM2 (49152 x 576, 28 MB) with caches cold: 744-748 -> 655-663 us (Zen 5,
- * 2 threads; the tiles of 8 above at one row: 38 GB/s, this 43); 2 rows per group the same, 1 row 29 GB/s.
- * Prefetched into L1 (as small_linear.c's stream) rather than L2: an int8 one-row step 5.49 -> 5.31 ms.
+ * One input row (a one-client decode step, AVX-512 builds): one weight row at a time, read 16 columns at a
+ * time by sign extension (int8_widen.h) into four sums per 64-byte line, x as given, each thread's rows one
+ * stream prefetched 4 KiB ahead into L1 (as small_linear.c's). The int8 LM head of SmolLM2 (49152 x 576, 28 MB)
+ * with caches cold, Zen 5, 2 threads: 744-748 us with the tiles of 8 above (38 GB/s), 655-663 with groups of 4
+ * weight rows and one sum each (43 GB/s; 1 row and one sum: 29), and those groups prefetching into L1 rather
+ * than L2 took an int8 one-row step 5.49 -> 5.31 ms; one row with four sums then 4.10-4.51 -> 3.98-4.39 ms.
  *
  * Many rows: strips of int8 rows decoded to bf16 for the AMX or VDPBF16PS products (decoded_linear.h).
  *
@@ -40,8 +41,7 @@
 #define TILE 8        /* weight rows per pass: x is loaded once per 8 rows (4: 1.4-1.8x slower at 1-4 rows) */
 #define MAX_XROWS 4   /* input rows per pass over the weights */
 #define PREFETCH_TILES 2
-#define X1_WROWS 4             /* weight rows per pass at one input row */
-#define X1_PREFETCH_BYTES 8192 /* how far ahead of a group its stream is prefetched */
+#define X1_PREFETCH_BYTES 4096 /* one input row: how far ahead of the row being read its stream is prefetched */
 
 typedef int32_t v16i __attribute__((vector_size(64)));
 
@@ -94,24 +94,20 @@ static float row_int8(const int8_t *w, const float *xs, const float *xt, int64_t
 }
 
 #if defined(__AVX512F__)
-/* One input row x against X1_WROWS consecutive weight rows (contiguous: one prefetch line per 64 bytes of the
- * group, X1_WROWS * 16 bytes a column step). */
-static inline __attribute__((always_inline)) void rows_x1(const int8_t *w, const float *x, int64_t k,
-                                                           float out[X1_WROWS]) {
-    v16f acc[X1_WROWS];
-    for (int r = 0; r < X1_WROWS; r++) acc[r] = (v16f){0};
-    const int8_t *ahead = w + X1_PREFETCH_BYTES;
-    const int64_t kv = k / 16 * 16;
-    for (int64_t j = 0; j < kv; j += 16) {
-        if ((j * X1_WROWS) % 64 == 0) __builtin_prefetch(ahead + j * X1_WROWS, 0, 3);
-        const v16f xj = load_v16f(x + j);
-        for (int r = 0; r < X1_WROWS; r++) acc[r] += widen_i8(w + r * k + j) * xj;
+/* One weight row against one input row: four sums, one per 16 columns of each 64-byte line (no chain of
+ * dependent multiply-adds along the line), the thread's rows read as one stream prefetched X1_PREFETCH_BYTES
+ * ahead into L1. */
+static inline float row_x1(const int8_t *w, const float *x, int64_t k) {
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    const int64_t lines = k / LINE * LINE, kv = k / 16 * 16;
+    for (int64_t j = 0; j < lines; j += LINE) {
+        __builtin_prefetch(w + j + X1_PREFETCH_BYTES, 0, 3);
+        for (int b = 0; b < 4; b++) acc[b] += widen_i8(w + j + 16 * b) * load_v16f(x + j + 16 * b);
     }
-    for (int r = 0; r < X1_WROWS; r++) {
-        float s = sum_v16f(acc[r]);
-        for (int64_t j = kv; j < k; j++) s += (float)w[r * k + j] * x[j];
-        out[r] = s;
-    }
+    for (int64_t j = lines; j < kv; j += 16) acc[0] += widen_i8(w + j) * load_v16f(x + j);
+    float s = sum_v16f((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    for (int64_t j = kv; j < k; j++) s += (float)w[j] * x[j];
+    return s;
 }
 #endif
 
@@ -136,13 +132,8 @@ void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, in
         int64_t lo, hi;
         thread_rows(n, TILE, &lo, &hi);
 #if defined(__AVX512F__)
-        if (m == 1) { /* groups of rows, then the rest of the range one row at a time in the loop below */
-            for (; lo + X1_WROWS <= hi; lo += X1_WROWS) {
-                float out[X1_WROWS];
-                rows_x1(q + lo * k, x, k, out);
-                for (int t = 0; t < X1_WROWS; t++) y[lo + t] = scaled(out[t], scales, scales_bf16, bias, lo + t);
-            }
-        }
+        if (m == 1) /* every row of the range here; the loop below then has none left */
+            for (; lo < hi; lo++) y[lo] = scaled(row_x1(q + lo * k, x, k), scales, scales_bf16, bias, lo);
 #endif
         for (int64_t i0 = 0; i0 < m; i0 += MAX_XROWS) {
             const int64_t rows = m - i0 < MAX_XROWS ? m - i0 : MAX_XROWS;
