@@ -12,7 +12,7 @@ from paged_cases import CaseSpec, build_case
 
 from tgictl.kernels import attention_reference
 from tgictl.kernels.attention_fast import decode_attention, decode_attention_torch
-from tgictl.kernels.native import _build, load_native_kernels
+from tgictl.kernels.native import _bind, _build, load_native_kernels
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 DECODE_SPECS = [
@@ -136,6 +136,22 @@ def test_small_linear_matches_torch(dtype: torch.dtype, rows: int, shape: tuple[
             for i in range(rows):
                 alone = kernels.small_linear(x[i:i + 1], weight, b)
                 assert alone is not None and torch.equal(out[i:i + 1], alone)
+
+
+@pytest.mark.parametrize("march", ["haswell", "x86-64"])  # AVX2-only CPUs (float32 is their default) and SSE
+def test_small_linear_on_builds_without_avx512(tmp_path: Path, march: str) -> None:
+    """The same kernels compiled for CPUs without AVX-512, where the 16-float vectors span several registers."""
+    kernels = _bind(_build("cc", tmp_path, march=march))
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(301, 70, generator=generator)
+    bias = torch.randn(301, generator=generator)
+    for rows in (1, 3, 6):
+        x = torch.randn(rows, 70, generator=generator)
+        for dtype, tol in ((torch.float32, {"atol": 1e-4, "rtol": 1e-5}), (torch.bfloat16, BF16_TOL)):
+            out = kernels.small_linear(x.to(dtype), weight.to(dtype), bias)
+            assert out is not None and out.dtype == dtype
+            expected = torch.nn.functional.linear(x.to(dtype).float(), weight.to(dtype).float(), bias)
+            torch.testing.assert_close(out.float(), expected, **tol)
 
 
 def test_small_linear_bf16_weight_float32_rows() -> None:
