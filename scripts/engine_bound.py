@@ -99,7 +99,7 @@ def main() -> None:
     at_shapes = decode_step_bound(shape, batch=args.batch, context=args.context, dtype_bytes=dtype.itemsize,
                                   bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=at_batch)
 
-    _, runner, batch = decode_batch(args.model_dir, dtype, args.batch, args.context, args.steps + 4)
+    _, runner, batch, _ = decode_batch(args.model_dir, dtype, args.batch, args.context, args.steps + 4)
     times = []
     for _ in range(args.steps + 2):
         start = time.perf_counter()
