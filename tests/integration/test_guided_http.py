@@ -167,11 +167,11 @@ def test_strict_refuses_what_lenient_ignores(http: httpx.Client) -> None:
     chat = {"model": "tgi", "messages": MESSAGES, "max_tokens": 8}
     strict = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
     refused = http.post("/v1/chat/completions", json={**chat, "response_format": strict})
-    assert refused.status_code == 422 and "no-such-format" in refused.json()["error"]
+    assert refused.status_code == 422 and "no-such-format" in refused.json()["error"]["message"]
     lenient = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     assert http.post("/v1/chat/completions", json={**chat, "response_format": lenient}).status_code == 200
     unknown = http.post("/v1/chat/completions", json={**chat, "response_format": {"type": "yaml"}})
-    assert unknown.status_code == 422 and "`yaml` is not supported" in unknown.json()["error"]
+    assert unknown.status_code == 422 and "`yaml` is not supported" in unknown.json()["error"]["message"]
 
 
 def check_calls(calls: list[Any], allowed: set[str]) -> None:
@@ -307,4 +307,5 @@ def test_tool_errors_are_422(http: httpx.Client, body: dict[str, Any], message: 
     request = {"model": "tgi", "messages": MESSAGES, "tools": TOOLS, **body}
     response = http.post("/v1/chat/completions", json=request)
     assert response.status_code == 422, response.text
-    assert response.json()["error_type"] == "tool_error" and message in response.json()["error"]
+    error = response.json()["error"]
+    assert error["code"] == "tool_error" and message in error["message"]

@@ -95,12 +95,12 @@ def out_of(response: openai.types.Completion) -> list[str]:
 def test_echo_errors(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30.0) as http:
         stream = http.post("/v1/completions", json={"prompt": "a", "echo": True, "stream": True, "max_tokens": 1})
-        assert stream.status_code == 422 and stream.json()["error_type"] == "validation"
+        assert stream.status_code == 422 and stream.json()["error"]["code"] == "validation"
         vocab = http.post("/v1/completions", json={"prompt": [1, 10**9], "max_tokens": 1})
-        assert vocab.status_code == 422 and "token ids must be" in vocab.json()["error"]
+        assert vocab.status_code == 422 and "token ids must be" in vocab.json()["error"]["message"]
         empty = http.post("/v1/completions", json={"prompt": [[]], "max_tokens": 1})
         assert empty.status_code == 422
         nothing = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 0})
-        assert nothing.status_code == 422 and "max_new_tokens" in nothing.json()["error"]
+        assert nothing.status_code == 422 and "max_new_tokens" in nothing.json()["error"]["message"]
         negative = http.post("/v1/completions", json={"prompt": "a", "logprobs": -1})
         assert negative.status_code == 422

@@ -151,15 +151,17 @@ def test_completions(client: openai.OpenAI, http: httpx.Client) -> None:
 def test_openai_errors(client: openai.OpenAI, http: httpx.Client) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as info:
         client.chat.completions.create(model="tgi", messages=MESSAGES, temperature=-1.0)
-    assert info.value.response.json() == {
-        "error": "Input validation error: `temperature` must be strictly positive", "error_type": "validation"
-    }
+    # OpenAI's error shape, so the SDK shows the message (TGI's shape would read "Error code: 422").
+    assert info.value.response.json() == {"error": {
+        "message": "Input validation error: `temperature` must be strictly positive",
+        "type": "invalid_request_error", "param": None, "code": "validation"}}
+    assert "`temperature` must be strictly positive" in info.value.message
     too_many = http.post("/v1/completions", json={"prompt": ["a"] * 5, "max_tokens": 1})
-    assert too_many.status_code == 422 and too_many.json()["error_type"] == "batch size exceeded"
+    assert too_many.status_code == 422 and too_many.json()["error"]["code"] == "batch size exceeded"
     suffix = http.post("/v1/completions", json={"prompt": "a", "suffix": "b"})
     assert suffix.status_code == 422
     bad = http.post("/v1/chat/completions", json={"messages": "not a list"})
-    assert bad.status_code == 422 and set(bad.json()) == {"error", "error_type"}
+    assert bad.status_code == 422 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_huggingface_hub_chat(stack: Stack, client: openai.OpenAI) -> None:

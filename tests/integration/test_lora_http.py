@@ -107,7 +107,7 @@ def test_an_unknown_adapter_is_a_422_naming_the_known_ones(served: Served) -> No
     client = openai.OpenAI(base_url=f"{served.launch.url}/v1", api_key="-")
     with pytest.raises(openai.UnprocessableEntityError) as info:
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert "`model` `gpt-4` is not a loaded LoRA adapter" in info.value.response.json()["error"]
+    assert "`model` `gpt-4` is not a loaded LoRA adapter" in info.value.response.json()["error"]["message"]
 
 
 def test_the_prefix_cache_is_kept_per_adapter(served: Served) -> None:

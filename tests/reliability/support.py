@@ -58,15 +58,23 @@ def wait_idle(url: str, timeout_s: float = 15.0) -> KvState:
         time.sleep(0.1)
 
 
-def assert_error_json(status: int, body: bytes, context: Any = "") -> dict[str, Any]:
-    """TGI's error body: {"error": str, "error_type": str} (extra keys allowed)."""
+def assert_error_json(status: int, body: bytes, context: Any = "", path: str | None = None) -> dict[str, Any]:
+    """An error body in the shape of its route's API, returned as TGI's {"error": str, "error_type": str}.
+    TGI's routes: {"error": str, "error_type": str}; OpenAI's (/v1/...): {"error": {"message", "type",
+    "param", "code"}}, tgictl's error type in `code`. Without `path` either shape is accepted."""
     try:
         parsed = json.loads(body)
     except ValueError:
         raise AssertionError(f"{status} without a JSON body: {body[:300]!r} ({context})") from None
-    ok = isinstance(parsed, dict) and isinstance(parsed.get("error"), str) and isinstance(
-        parsed.get("error_type"), str
-    )
+    assert isinstance(parsed, dict), f"{status} body is not an error object: {body[:300]!r} ({context})"
+    openai_shape = path.startswith("/v1/") if path is not None else isinstance(parsed.get("error"), dict)
+    if openai_shape:
+        error = parsed.get("error")
+        ok = isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(
+            error.get("type"), str) and isinstance(error.get("code"), str) and "param" in error
+        assert ok, f"{status} body is not OpenAI's error JSON: {body[:300]!r} ({context})"
+        return {"error": error["message"], "error_type": error["code"]}
+    ok = isinstance(parsed.get("error"), str) and isinstance(parsed.get("error_type"), str)
     assert ok, f"{status} body is not TGI's error JSON: {body[:300]!r} ({context})"
     return parsed
 
@@ -83,7 +91,11 @@ def sse_data(lines: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def is_error_event(event: dict[str, Any]) -> bool:
-    return isinstance(event.get("error"), str) and isinstance(event.get("error_type"), str)
+    """An in-band stream error: TGI's {"error", "error_type"} or OpenAI's {"error": {"message", ...}}."""
+    error = event.get("error")
+    if isinstance(error, dict):
+        return isinstance(error.get("message"), str) and isinstance(error.get("code"), str)
+    return isinstance(error, str) and isinstance(event.get("error_type"), str)
 
 
 def generate(url: str, inputs: str, max_new_tokens: int, timeout_s: float = 60.0) -> str:

@@ -202,7 +202,7 @@ def check_answer(route: str, response: httpx.Response, context: str) -> str:
     assert status < 500, f"{route} answered {status}: {response.content[:500]!r} ({context})"
     assert status >= 200, f"{route} answered {status} ({context})"
     if status >= 400:
-        assert_error_json(status, response.content, context)
+        assert_error_json(status, response.content, context, path=route)
         return f"{status}"
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         events = sse_data(response.text.splitlines())

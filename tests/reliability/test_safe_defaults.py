@@ -110,7 +110,7 @@ def test_api_key_guards_every_generating_or_revealing_route(launched: LaunchProc
             for path, body in GENERATING_POSTS.items():
                 answer = http.post(path, json=body, headers=headers)
                 assert answer.status_code == 401, (path, headers, answer.text)
-                assert assert_error_json(401, answer.content)["error_type"] == "unauthorized"
+                assert assert_error_json(401, answer.content, path=path)["error_type"] == "unauthorized"
                 sent += 1
             for path in REVEALING_GETS:
                 answer = http.get(path, headers=headers)

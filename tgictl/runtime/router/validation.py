@@ -11,6 +11,7 @@ import dataclasses
 import math
 import random
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tgictl.config import BASE_MODEL_ALIASES
@@ -75,6 +76,8 @@ class GenerationInput:
 
 # The shards compute in float32: a larger double (1e308) becomes inf there and fails the batch.
 FLOAT32_MAX = 3.4028234663852886e38
+# Temperatures below this sample greedily (vLLM's threshold too): logits / 1e-45 overflow float32.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 def _finite(name: str, value: float | None) -> None:
@@ -116,6 +119,11 @@ def _sampling(given: GenerationInput, seed: int) -> SamplingParams:
     min_p = 0.0 if request.min_p is None else request.min_p
     if not 0.0 <= min_p < 1.0:
         raise ValidationError("`min_p` must be >= 0.0 and < 1.0")
+    if temperature < GREEDY_BELOW_TEMPERATURE:
+        # Sampling's limit as the temperature goes to 0 is the greedy choice (warpers then change nothing);
+        # dividing by a denormal would make every logit infinite and the distribution NaN.
+        return SamplingParams(do_sample=False, seed=seed, repetition_penalty=repetition,
+                              frequency_penalty=frequency, presence_penalty=presence)
     return SamplingParams(
         temperature=temperature,
         top_k=top_k,
@@ -235,11 +243,16 @@ class Validator:
     def _prompt_ids(self, request: GenerationInput) -> list[int]:
         if request.input_ids is None:
             return self._tokenizer.encode(request.inputs, add_special_tokens=request.add_special_tokens)
+        return self.check_token_ids(request.input_ids)
+
+    def check_token_ids(self, ids: Sequence[int]) -> list[int]:
+        """A prompt given as token ids, each a token of the model's vocabulary (checked before anything
+        decodes them: the tokenizer overflows on ids past 2**64 and errs on negative ones)."""
         vocab = self.limits.vocab_size
-        bad = [i for i in request.input_ids if i < 0 or (vocab is not None and i >= vocab)]
+        bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
         if bad:
             raise ValidationError(f"token ids must be >= 0 and < {vocab}. Given: {bad[0]}")
-        return list(request.input_ids)
+        return list(ids)
 
     def validate_best_of(self, best_of: int) -> int:
         limits = self.limits

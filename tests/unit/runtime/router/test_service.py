@@ -182,7 +182,8 @@ def test_in_stream_errors_as_tgi_and_openai_send_them(tiny_tokenizer_dir: Path) 
                 "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True})
             frames = chat.text.split("\n\n")
             assert frames[-3:] == [
-                'data: {"error":{"message":"injected decode failure","type":"generation","http_status_code":424}}',
+                'data: {"error":{"message":"injected decode failure","type":"server_error","param":null,'
+                '"code":"generation"}}',
                 "data: [DONE]", "",
             ]
         assert service.in_flight == 0

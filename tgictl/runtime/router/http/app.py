@@ -1,9 +1,10 @@
-"""The FastAPI app: routes, TGI's error body for every failure, API key, CORS and the payload limit.
+"""The FastAPI app: routes, an error body for every failure, API key, CORS and the payload limit.
 
-Every error leaves as `{"error", "error_type"}` (TGI's ErrorResponse): our own errors with their status,
-malformed JSON as 400, a body of the wrong shape or types as 422, a wrong content type as 415, an
-oversized body as 413, unknown paths as 404 - never FastAPI's `detail` format, never a 500 for a
-client's mistake.
+Every error leaves in the shape of the API whose route received it (error_shapes.py: TGI's
+`{"error", "error_type"}`, OpenAI's `{"error": {"message", "type", "param", "code"}}` under /v1/): our
+own errors with their status, malformed JSON as 400, a body of the wrong shape or types as 422, a wrong
+content type as 415, an oversized body as 413, unknown paths as 404 - never FastAPI's `detail` format,
+never a 500 for a client's mistake.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tgictl import __version__
 from tgictl.errors import PayloadTooLargeError, TgictlError
 from tgictl.runtime.router.http.request_spans import RequestSpans
+from tgictl.runtime.router.http.error_shapes import shape_for
 from tgictl.runtime.router.http.responses import error_response
 from tgictl.runtime.router.http.routes_openai import openai_router
 from tgictl.runtime.router.http.routes_tgi import tgi_router
@@ -74,17 +76,18 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        shape = shape_for(scope["path"])
         too_large = PayloadTooLargeError(f"Payload too large: the request body must be at most {self.limit} bytes")
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            await error_response(too_large)(scope, receive, send)
+            await error_response(too_large, shape)(scope, receive, send)
             return
         media_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json" and not media_type.endswith("+json"):
             err = UnsupportedMediaTypeError(
                 f"Expected request with `Content-Type: application/json`, got {media_type or 'none'!r}"
             )
-            await error_response(err)(scope, receive, send)
+            await error_response(err, shape)(scope, receive, send)
             return
         # Read the body here (bounded) and replay it, so a chunked upload cannot exceed the limit either.
         chunks: list[bytes] = []
@@ -96,7 +99,7 @@ class BodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await error_response(too_large)(scope, receive, send)
+                await error_response(too_large, shape)(scope, receive, send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -143,28 +146,32 @@ def create_app(service: RouterService) -> FastAPI:
         redoc_url=None,
     )
 
+    def answer(request: Request, err: TgictlError, headers: dict[str, str] | None = None) -> Any:
+        return error_response(err, shape_for(request.url.path), headers)
+
     @app.exception_handler(TgictlError)
     async def _tgictl_error(request: Request, err: TgictlError) -> Any:
-        return error_response(err)
+        return answer(request, err)
 
     @app.exception_handler(RequestValidationError)
     async def _body_error(request: Request, err: RequestValidationError) -> Any:
         errors = list(err.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
             detail = "; ".join(str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors)
-            return error_response(RequestBodyError(f"Failed to parse the request body as JSON: {detail}", 400))
-        return error_response(
-            RequestBodyError(f"Failed to deserialize the JSON body into the target type: {_describe(errors)}", 422)
+            return answer(request, RequestBodyError(f"Failed to parse the request body as JSON: {detail}", 400))
+        return answer(
+            request,
+            RequestBodyError(f"Failed to deserialize the JSON body into the target type: {_describe(errors)}", 422),
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Any:
-        return error_response(HttpError(str(err.detail), err.status_code), headers=getattr(err, "headers", None))
+        return answer(request, HttpError(str(err.detail), err.status_code), getattr(err, "headers", None))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, err: Exception) -> Any:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(TgictlError(f"Internal server error: {type(err).__name__}"))
+        return answer(request, TgictlError(f"Internal server error: {type(err).__name__}"))
 
     app.include_router(tgi_router(service, auth))
     app.include_router(openai_router(service, auth))

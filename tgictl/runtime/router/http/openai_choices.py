@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from tgictl import __version__
 from tgictl.errors import TgictlError
+from tgictl.runtime.router.http.error_shapes import openai_error_body
 from tgictl.runtime.router.http.outcome import Outcome, collect_all
 from tgictl.runtime.router.http.responses import (
     KEEP_ALIVE,
@@ -157,9 +158,7 @@ class OpenAIRun:
                     continue
                 i, event = item
                 if isinstance(event, ErrorEvent):
-                    err = event.error
-                    yield sse({"error": {"message": err.message, "type": err.error_type,
-                                         "http_status_code": err.http_status}})
+                    yield sse(openai_error_body(event.error))
                     yield sse("[DONE]")
                     return
                 if isinstance(event, (TokenEvent, EndEvent)):

@@ -1,4 +1,4 @@
-"""HTTP plumbing the routes share: JSON without NaN, SSE framing, TGI's error body, and running a
+"""HTTP plumbing the routes share: JSON without NaN, SSE framing, error responses, and running a
 request's work while watching for the client to leave."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tgictl.errors import TgictlError
+from tgictl.runtime.router.http.error_shapes import ErrorShape, tgi_error_body
 from tgictl.runtime.router.scheduling.event_channel import EventChannel
 
 T = TypeVar("T")
@@ -39,12 +40,11 @@ class TgiJSONResponse(JSONResponse):
         return dumps(content).encode("utf-8")
 
 
-def error_body(err: TgictlError) -> dict[str, str]:
-    return {"error": err.message, "error_type": err.error_type}
-
-
-def error_response(err: TgictlError, headers: dict[str, str] | None = None) -> TgiJSONResponse:
-    return TgiJSONResponse(error_body(err), status_code=err.http_status, headers=headers)
+def error_response(
+    err: TgictlError, shape: ErrorShape = tgi_error_body, headers: dict[str, str] | None = None
+) -> TgiJSONResponse:
+    """The error's status with its body in `shape` (error_shapes.py: the shape of the route's API)."""
+    return TgiJSONResponse(shape(err), status_code=err.http_status, headers=headers)
 
 
 def sse(data: Any) -> str:

@@ -119,7 +119,8 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
         if body.n < 1:
             raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
         _check_choices(service, len(prompts) * body.n)
-        texts = [p if isinstance(p, str) else service.tokenizer.decode(list(p), skip_special_tokens=False)
+        texts = [p if isinstance(p, str)
+                 else service.tokenizer.decode(service.validator.check_token_ids(p), skip_special_tokens=False)
                  for p in prompts]
         max_new_tokens = None if body.max_tokens is None else body.max_tokens + shape.max_new_tokens_delta
         grammar = body.response_grammar()

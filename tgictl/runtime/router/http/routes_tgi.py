@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from tgictl import __version__
 from tgictl.errors import TgictlError
+from tgictl.runtime.router.http.error_shapes import tgi_error_body
 from tgictl.runtime.router.http.outcome import (
     TGI_FINISH_REASONS,
     Outcome,
@@ -25,7 +26,6 @@ from tgictl.runtime.router.http.responses import (
     KEEP_ALIVE_S,
     SSEResponse,
     TgiJSONResponse,
-    error_body,
     in_bursts,
     sse,
     until_disconnect,
@@ -84,7 +84,7 @@ async def _generate(
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The response body and headers, or None when the client left."""
     params = body.parameters
-    best_of = service.validator.validate_best_of(params.best_of) if params.best_of not in (None, 0, 1) else 1
+    best_of = service.validator.validate_best_of(params.best_of) if params.best_of not in (None, 1) else 1
     request = to_generation_input(body, stream=False)
     admissions: list[Admission] = []
     try:
@@ -126,7 +126,7 @@ async def _events(
     try:
         validated = await service.validate(admission, to_generation_input(body, stream=True))
     except TgictlError as err:  # validation runs inside the stream: TGI sends it in-band
-        yield sse(error_body(err))
+        yield sse(tgi_error_body(err))
         return
     channel = service.open([admission], [validated])
     bursts = in_bursts(channel, _messages(channel, body, full_text))
@@ -149,7 +149,7 @@ async def _messages(channel: EventChannel, body: GenerateRequest, full_text: boo
                 continue
             event = item[1]
             if isinstance(event, ErrorEvent):
-                yield sse(error_body(event.error))
+                yield sse(tgi_error_body(event.error))
                 return
             if not isinstance(event, (TokenEvent, EndEvent)):
                 continue

@@ -156,7 +156,7 @@ class SamplingFields(BaseModel):
         (OpenAI's n) yet the whole answer is reproducible."""
         greedy = self.temperature == 0.0
         seed = self.seed
-        if seed is not None and seed >= 0:  # a negative seed stays as is, for validation to refuse
+        if seed is not None and 0 <= seed < U64:  # one out of range stays as is, for validation to refuse
             seed = (seed + choice) % U64
         return GenerationInput(
             inputs=inputs,
@@ -202,6 +202,10 @@ class ChatRequest(SamplingFields):
     def check_supported(self) -> None:
         if not self.messages:
             raise ValidationError("`messages` cannot be empty")
+        for index, message in enumerate(self.messages):
+            # OpenAI's rule: only an assistant message that makes tool calls may leave out its content.
+            if message.content is None and not (message.role == "assistant" and message.tool_calls):
+                raise ValidationError(f"`messages[{index}].content` is required for a `{message.role}` message")
         if self.tools and self.response_format is not None and self.response_format.type != "text":
             raise ToolError("Grammar and tools are mutually exclusive")
         if self.top_logprobs is not None and not self.logprobs:

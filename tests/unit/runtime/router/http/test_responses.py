@@ -1,4 +1,4 @@
-"""HTTP plumbing: NaN-free JSON, SSE framing, TGI's error body."""
+"""HTTP plumbing: NaN-free JSON, SSE framing, error responses."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator
 import pytest
 from starlette.requests import ClientDisconnect
 
-from tgictl.errors import OverloadedError, ValidationError
+from tgictl.errors import OverloadedError
 from tgictl.proto.messages import FinishReason
 from tgictl.runtime.router.http.responses import (
     KEEP_ALIVE,
     SSEResponse,
     TgiJSONResponse,
     dumps,
-    error_body,
     error_response,
     finite,
     in_bursts,
@@ -39,10 +38,7 @@ def test_sse_framing() -> None:
     assert sse("[DONE]") == "data: [DONE]\n\n"
 
 
-def test_error_body_keeps_tgi_shape() -> None:
-    err = ValidationError("`top_k` must be strictly positive")
-    assert error_body(err) == {"error": "Input validation error: `top_k` must be strictly positive",
-                               "error_type": "validation"}
+def test_error_response_defaults_to_tgi_shape() -> None:
     response = error_response(OverloadedError())
     assert response.status_code == 429
     assert json.loads(response.body) == {"error": "Model is overloaded", "error_type": "overloaded"}
