@@ -4,6 +4,19 @@
 
 from __future__ import annotations
 
+# Every boundary bounds the messages it sends (HTTP bodies, gRPC statuses, stream events): an error may
+# quote a client's input (a grammar, a prompt) and must stay a readable line whatever that input's size
+# (gRPC also refuses status details over its 16 KB metadata limit).
+MAX_MESSAGE_CHARS = 1000
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message` cut to at most `limit` characters, saying how much was cut."""
+    if len(message) <= limit:
+        return message
+    suffix = f"... ({len(message) - limit + 40} more characters)"
+    return message[: limit - len(suffix)] + suffix
+
 
 class TgictlError(Exception):
     """Base of every error tgictl raises on purpose. The message is one readable line."""

@@ -288,6 +288,8 @@ def _fill_generation(dst: pb.Generation, g: Generation) -> None:
     if g.draft_tokens:
         dst.draft_tokens = g.draft_tokens
         dst.accepted_tokens = g.accepted_tokens
+    if g.error:
+        dst.error = g.error
 
 
 def generation_to_pb(g: Generation) -> pb.Generation:
@@ -308,6 +310,7 @@ def generation_from_pb(m: pb.Generation) -> Generation:
         tuple([tokens_from_pb(t) for t in m.prefill_top_tokens]) if m.prefill_top_tokens else (),
         m.draft_tokens,
         m.accepted_tokens,
+        m.error,
     )
 
 

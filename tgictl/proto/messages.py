@@ -149,6 +149,7 @@ class Generation:
     prefill_top_tokens: tuple[Tokens, ...] = ()  # one per prompt token, with prefill_tokens and top_n_tokens
     draft_tokens: int = 0  # speculative drafts verified this step
     accepted_tokens: int = 0  # of them, kept (the tokens then hold these plus the one after them)
+    error: str = ""  # the shard ended this request (only it) because of its own input; see generate.proto
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 A Decode that runs several steps answers with one Generation per request, as a speculative step that
 produced several tokens does: its tokens and top tokens those of every step in order, generated_text from
 the step it finished in (a finished row leaves the batch, so no later step reports it), prompt logprobs
-with its first token (they come with a request's first generation), draft counts summed. The shard
+with its first token (they come with a request's first generation), draft counts summed, the error of the
+step it failed in. The shard
 (runtime/shard/decode_steps.py) and the testing fake shard both merge this way.
 """
 
@@ -24,6 +25,7 @@ def merge_generation(earlier: Generation, later: Generation) -> Generation:
         generated_text=later.generated_text,
         draft_tokens=earlier.draft_tokens + later.draft_tokens,
         accepted_tokens=earlier.accepted_tokens + later.accepted_tokens,
+        error=later.error,  # a request that failed in the later step: its earlier tokens, then its error
     )
 
 

@@ -55,6 +55,9 @@ class FakeShard:
     block_size: int = 16
     max_prefill_tokens: int | None = None  # the router's budget for later chunks (as Prefill sets it)
     fail_next: set[str] = field(default_factory=set)  # "prefill" / "decode": fail that call once
+    # request id -> tokens it generates before it fails alone, as the real shard ends a request whose grammar
+    # fails (Generation.error; it leaves the batch, the others go on)
+    fail_requests: dict[int, int] = field(default_factory=dict)
     batches: dict[int, list[_Live]] = field(default_factory=dict)
     calls: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     decode_steps: list[int] = field(default_factory=list)  # the steps every Decode asked for
@@ -131,6 +134,9 @@ class FakeShard:
                 if live.prompt_done < prompt_len:
                     running.append(live)
                     continue  # still prefilling: no token yet
+            if self.fail_requests.get(request.id) == live.generated:
+                generations.append(Generation(request.id, Tokens(), error=f"request {request.id} failed alone"))
+                continue
             if self.script:
                 token = self.script[len(request.input_ids) - self.script_prompt_len + live.generated]
             else:

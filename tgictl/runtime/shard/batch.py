@@ -28,7 +28,7 @@ from torch import Tensor
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.lora import StepAdapters, group_tokens
 from tgictl.proto.messages import Batch, CachedBatch, Request
-from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, Matcher
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, GrammarFailure, Matcher
 from tgictl.runtime.shard.sampling.sampler import (
     NextTokenChooser,
     TokenHistory,
@@ -56,6 +56,8 @@ class RowState:
     # is written at the positions that follow, and only the accepted ones advance cache_len.
     draft: list[int] = field(default_factory=list)
     drafter: Drafter | None = None  # where this row's drafts come from; None until it first decodes with drafts
+    # Why this request ends at its next step (its grammar failed; Generation.error); None while all is well.
+    failure: str | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -145,14 +147,18 @@ def _check_request(request: Request, block_size: int, num_blocks: int, vocab_siz
         raise InvalidRequestError(f"request {rid}: slots must be block * block_size + offset of its blocks")
 
 
-def _matcher(request: Request, grammars: GrammarCompiler | None) -> Matcher | None:
+def _matcher(request: Request, grammars: GrammarCompiler | None) -> tuple[Matcher | None, str | None]:
+    """The request's matcher, or why it has none: a grammar that fails here fails its request only."""
     grammar = request.sampling.grammar
     if grammar is None:
-        return None
+        return None, None
     if grammars is None:
-        raise InvalidRequestError(f"request {request.id}: this shard does not follow grammars")
+        return None, "this shard does not follow grammars"
     replay = request.input_ids[len(request.input_ids) - grammar.replay_tokens :] if grammar.replay_tokens else ()
-    return grammars.matcher(grammar, replay)
+    try:
+        return grammars.matcher(grammar, replay), None
+    except GrammarFailure as failure:
+        return None, str(failure)
 
 
 @dataclass(eq=False)
@@ -186,6 +192,7 @@ class ShardBatch:
         for request in batch.requests:
             _check_request(request, block_size, num_blocks, vocab_size, num_adapters)
             rest = len(request.input_ids) - request.cache_len
+            matcher, failure = _matcher(request, grammars)
             rows.append(
                 RowState(
                     request=request,
@@ -198,7 +205,8 @@ class ShardBatch:
                         [([], [])] * (request.cache_len + 1)
                         if request.prefill_logprobs and request.top_n_tokens else None
                     ),
-                    matcher=_matcher(request, grammars),
+                    matcher=matcher,
+                    failure=failure,
                 )
             )
         params = [r.sampling for r in batch.requests]

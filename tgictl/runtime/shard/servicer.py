@@ -32,7 +32,7 @@ import grpc
 import grpc.aio
 import torch
 
-from tgictl.errors import InvalidRequestError, TgictlError, UnhealthyError
+from tgictl.errors import InvalidRequestError, TgictlError, UnhealthyError, bounded
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.generate_pb2_grpc import TextGenerationServiceServicer
@@ -125,10 +125,10 @@ class DeviceWorker:
 def grpc_status(err: Exception) -> tuple[grpc.StatusCode, str]:
     """The one error mapping of the shard. INTERNAL means fatal: the process stops."""
     if isinstance(err, TgictlError):
-        return grpc.StatusCode[err.grpc_status], err.message
+        return grpc.StatusCode[err.grpc_status], bounded(err.message)
     # Anything else (CUDA out of memory, a failed collective, a RuntimeError from torch, a bug) leaves
     # the device state unknown.
-    return grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+    return grpc.StatusCode.INTERNAL, bounded(f"{type(err).__name__}: {err}")
 
 
 def _rpc(handler: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:

@@ -41,7 +41,7 @@ from tgictl.runtime.shard.chunking import next_chunk_lengths
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.models.base import CausalLM
-from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, MaskJob, advance
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, GrammarFailure, MaskJob, advance, failure_text
 from tgictl.runtime.shard.sampling.sampler import TokenHistory, top_n_tokens
 from tgictl.runtime.shard.sampling.stopping import finish_reason
 from tgictl.runtime.shard.speculation.drafter import Drafter, RowDrafter, batch_drafts
@@ -123,6 +123,9 @@ class ModelRunner:
         # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.
         generated = [row.generated for row in rows]
         allowed = masks.allowed(self.vocab_size, self.device) if masks is not None else None
+        for matcher, b in constrained:  # a matcher that hit a parser limit computing its mask: that row ends
+            if matcher.is_error():
+                rows[b].failure = failure_text("the grammar engine stopped", matcher.get_error())
         chooser, history = batch.chooser, batch.history
         starts = list(range(len(rows)))  # each row's first scored position
         if inputs.sample_counts is None:
@@ -166,14 +169,22 @@ class ModelRunner:
                 row.draft = []
                 if row.drafter is not None:
                     row.drafter.record(len(draft), accepted, self.speculation)
+            stopping = row.request.stopping
+            tokens = next_ids[at : at + scored]
+            if row.matcher is not None and row.failure is None and emits[b]:
+                limit = stopping.max_new_tokens - row.generated - 1 if self.forced_tokens else 0
+                try:
+                    tokens += advance(row.matcher, tokens[0], limit, self.eos_token_ids)
+                except GrammarFailure as failure:
+                    row.failure = str(failure)
+            if row.failure is not None:  # this request ends here, with its error; the batch goes on
+                finished.append(b)
+                if reports:
+                    generations.append(Generation(request_id=row.request.id, tokens=Tokens(), error=row.failure))
+                continue
             if not emits[b]:
                 continue
             first = row.generated == 0
-            stopping = row.request.stopping
-            tokens = next_ids[at : at + scored]
-            if row.matcher is not None:
-                limit = stopping.max_new_tokens - row.generated - 1 if self.forced_tokens else 0
-                tokens += advance(row.matcher, tokens[0], limit, self.eos_token_ids)
             reason = None
             count = 0
             for token in tokens:  # stop at the first token that ends the request

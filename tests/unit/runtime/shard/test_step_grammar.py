@@ -141,3 +141,48 @@ def test_forced_tokens_are_charged_to_the_prefill_budget(runner: ModelRunner) ->
     assert next_chunk_lengths(progress, 20, pending) == [3, 17]
     assert next_chunk_lengths(progress, None, pending) == [3, 36]
     assert next_chunk_lengths(progress, 20) == [1, 19]  # without pending counts: one token per decoding row
+
+
+# Schemas that compile but trip llguidance's parser limits while generating (found by a hostile client):
+# an object of 3,000 optional properties (a row of ~12,000 Earley items at its first key, the limit is 2,000)
+# and a root that only refers to itself (no token is ever allowed).
+HOSTILE = {
+    "optional_properties": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}},
+    "self_reference": {"$ref": "#"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_grammar_that_fails_while_generating_ends_only_its_request(runner: ModelRunner, name: str) -> None:
+    pool = BlockPool()
+    hostile = Grammar(GrammarType.LLGUIDANCE, json_schema_grammar(HOSTILE[name], strict=True))
+    neighbour = make_request(pool, 1, PROMPT[::-1], max_new_tokens=12, ignore_eos=True)
+    alone = run(runner, [neighbour])
+    failing = make_request(pool, 0, PROMPT, max_new_tokens=40, sampling=SamplingParams(grammar=hostile))
+    outputs = run(runner, [failing, neighbour])
+    last = outputs.generations[0][-1]
+    assert last.generated_text is None and last.tokens.ids == ()
+    assert "the grammar engine" in last.error and len(last.error) <= 1000 and "\n" not in last.error
+    assert outputs.ids(1) == alone.ids(1)  # the rest of the batch goes on, unchanged
+    assert outputs.generations[1][-1].error == ""
+
+
+def test_a_matcher_that_cannot_be_made_fails_its_request_at_its_first_step(runner: ModelRunner) -> None:
+    """Replayed tokens the grammar refuses (a corrupted continuation round): the request ends at its first
+    step, even while its prompt is still being computed in chunks, and its neighbour is untouched."""
+    pool = BlockPool()
+    grammar = dataclasses.replace(GRAMMAR, replay_tokens=3)  # the prompt's last 3 ids are no JSON
+    long_prompt = PROMPT * 6
+    failing = make_request(pool, 0, long_prompt, max_new_tokens=5, chunk_len=8,
+                           sampling=SamplingParams(grammar=grammar))
+    neighbour = make_request(pool, 1, PROMPT, max_new_tokens=6, ignore_eos=True)
+    alone = run(runner, [neighbour])
+    batch = shard_batch(runner, 7, [failing, neighbour])
+    generations, after, _ = runner.generate_token(batch)
+    errors = {g.request_id: g.error for g in generations if g.error}
+    assert list(errors) == [0] and "replayed tokens do not follow it" in errors[0]
+    assert after is not None and after.request_ids == (1,)
+    outputs = Outputs()
+    outputs.add(generations)
+    run_to_end(runner, after, outputs)
+    assert outputs.ids(1) == alone.ids(1)

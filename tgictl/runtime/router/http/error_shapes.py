@@ -5,8 +5,8 @@ TGI's routes answer `{"error": message, "error_type": type}` (TGI's ErrorRespons
 shape it shows only "Error code: 422"). Every HTTP boundary that turns an error into a body (the exception
 handlers, the body guard, in-band stream errors) asks `shape_for(path)`, so one request never sees two shapes.
 
-Messages are bounded (MAX_MESSAGE_CHARS): an error may quote a client's input (a grammar, a prompt), and an
-answer must stay a line a person can read, whatever the input's size.
+Messages are bounded (tgictl.errors.bounded): an error may quote a client's input (a grammar, a prompt), and
+an answer must stay a line a person can read, whatever the input's size.
 """
 
 from __future__ import annotations
@@ -14,19 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tgictl.errors import TgictlError
-
-MAX_MESSAGE_CHARS = 1000
+from tgictl.errors import TgictlError, bounded
 
 ErrorShape = Callable[[TgictlError], dict[str, Any]]
-
-
-def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """`message` cut to at most `limit` characters, saying how much was cut."""
-    if len(message) <= limit:
-        return message
-    suffix = f"... ({len(message) - limit + 40} more characters)"
-    return message[: limit - len(suffix)] + suffix
 
 
 def tgi_error_body(err: TgictlError) -> dict[str, Any]:

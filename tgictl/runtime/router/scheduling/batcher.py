@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS
-from tgictl.errors import GenerationError, TgictlError
+from tgictl.errors import GenerationError, TgictlError, ValidationError
 from tgictl.proto.messages import Batch, CachedBatch, StepResult
 from tgictl.runtime.router.kv.block_allocator import KvAllocator
 from tgictl.runtime.router.request import ErrorEvent, ValidatedRequest
@@ -194,7 +194,12 @@ class Batcher:
                 self._finish(entry)
                 continue
             entry.on_generation(generation)
-            if entry.finished or entry.continues:
+            if generation.error and not entry.finished:
+                # The shard ended this request alone (its grammar failed) and goes on with the rest. Its
+                # computed KV is sound, so it is published like any finished request's.
+                entry.send(ErrorEvent(error=ValidationError(generation.error)))
+                self._finish(entry)
+            elif entry.finished or entry.continues:
                 self._finish(entry)
         cached = result.batch
         if cached is None:

@@ -20,7 +20,7 @@ import llguidance
 import torch
 from torch import Tensor
 
-from tgictl.errors import GenerationError, InvalidRequestError
+from tgictl.errors import bounded
 from tgictl.proto.messages import Grammar
 from tgictl.runtime.guidance import grammar_error, load_tokenizer, to_llguidance
 
@@ -29,6 +29,17 @@ log = logging.getLogger(__name__)
 
 # Compiled grammars kept per shard; a request gets a copy of the cached matcher (TGI keeps 32).
 CACHED_GRAMMARS = 256
+class GrammarFailure(Exception):
+    """A request's grammar cannot go on: it exceeded one of llguidance's parser limits (items per row, items
+    per step, lexer fuel), or reached a state that allows no token. Ends that request only (Generation.error);
+    the rest of its batch goes on."""
+
+
+def failure_text(what: str, detail: str) -> str:
+    """`what: detail` as Generation.error carries it: one bounded line, the first of llguidance's message
+    (the rest is its parser state)."""
+    first = detail.strip().splitlines()[0] if detail.strip() else "no detail"
+    return bounded(f"{what}: {first}")
 
 
 class GrammarCompiler:
@@ -67,15 +78,16 @@ class GrammarCompiler:
                 log.info("grammar vocabulary built for the first guided request in %.2f s",
                          time.perf_counter() - start)
         if self._tokenizer is None:
-            raise InvalidRequestError(f"this shard cannot follow grammars: {self._load_error}")
+            raise GrammarFailure(failure_text("this shard cannot follow grammars", str(self._load_error)))
         return self._tokenizer
 
     def matcher(self, grammar: Grammar, replay: Sequence[int]) -> llguidance.LLMatcher:
-        """A fresh matcher for `grammar`, advanced over `replay` (earlier rounds' tokens)."""
+        """A fresh matcher for `grammar`, advanced over `replay` (earlier rounds' tokens). GrammarFailure
+        when that is impossible: the request fails, not its batch."""
         try:
             text = to_llguidance(grammar)
         except ValueError as err:
-            raise InvalidRequestError(f"grammar: {err}") from None
+            raise GrammarFailure(failure_text("grammar", str(err))) from None
         with self._lock:
             template = self._cache.get(text)
             if template is not None:
@@ -83,15 +95,15 @@ class GrammarCompiler:
         if template is None:
             error = grammar_error(text, self.tokenizer)
             if error is not None:
-                raise InvalidRequestError(f"grammar is not valid: {error}")
+                raise GrammarFailure(failure_text("grammar is not valid", error))
             template = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
             with self._lock:
                 self._cache[text] = template
                 while len(self._cache) > CACHED_GRAMMARS:
                     self._cache.popitem(last=False)
         matcher = template.deep_copy()
-        if replay and not matcher.consume_tokens(list(replay)):
-            raise InvalidRequestError(f"grammar: the replayed tokens do not follow it: {matcher.get_error()}")
+        if (replay and not matcher.consume_tokens(list(replay))) or matcher.is_error():
+            raise GrammarFailure(failure_text("grammar: the replayed tokens do not follow it", matcher.get_error()))
         return matcher
 
 
@@ -140,15 +152,15 @@ def advance(matcher: llguidance.LLMatcher, token: int, limit: int, eos_token_ids
     the only continuation it allows (a key, a separator, a closing brace), and EOS once the grammar
     is complete. The forced tokens are fed to the matcher too. A sampled EOS forces nothing."""
     if not matcher.consume_token(token):
-        raise GenerationError(f"grammar refused sampled token {token}: {matcher.get_error()}")
+        raise GrammarFailure(failure_text(f"the grammar engine refused token {token}", matcher.get_error()))
     if limit <= 0 or token in eos_token_ids:
         return []
     eos = [min(eos_token_ids)] if eos_token_ids else []
     if matcher.is_stopped():
         return eos
     forced = matcher.compute_ff_tokens()[:limit]
-    if forced and not matcher.consume_tokens(forced):
-        raise GenerationError(f"grammar refused its own forced tokens: {matcher.get_error()}")
+    if matcher.is_error() or (forced and not matcher.consume_tokens(forced)):
+        raise GrammarFailure(failure_text("the grammar engine stopped", matcher.get_error()))
     if len(forced) < limit and matcher.is_stopped():
         forced += eos
     return forced

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from tgictl.errors import OverloadedError, TgictlError, ValidationError
+from tgictl.errors import MAX_MESSAGE_CHARS, OverloadedError, TgictlError, ValidationError, bounded
 from tgictl.runtime.router.http.error_shapes import (
-    MAX_MESSAGE_CHARS,
-    bounded,
     openai_error_body,
     shape_for,
     tgi_error_body,

@@ -220,6 +220,23 @@ def test_a_failed_decode_fails_its_requests_and_the_loop_goes_on(texts: TokenTex
     assert_no_leak(allocator)
 
 
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_a_request_the_shard_ends_alone_fails_alone(texts: TokenTexts, decode_steps: int) -> None:
+    """Generation.error (a grammar that failed on the shard): that request gets a 422 error event after the
+    tokens it had; its neighbours finish with all their tokens; nothing is cleared and nothing leaks."""
+    batcher, shard, allocator, _ = make(texts, decode_steps=decode_steps)
+    shard.fail_requests = {1: 2}  # the second request fails after two tokens
+    clients = [Client(request(max_new_tokens=6)) for _ in range(3)]
+    asyncio.run(serve(batcher, clients))
+    failed = clients[1]
+    assert len(tokens_of(failed)) == 2 and isinstance(failed.events[-1], ErrorEvent)
+    assert failed.events[-1].error.http_status == 422 and "request 1 failed alone" in failed.events[-1].error.message
+    for client in (clients[0], clients[2]):
+        assert isinstance(client.events[-1], EndEvent) and client.events[-1].generated_tokens == 6
+    assert not any(call[0] == "clear" for call in shard.calls)
+    assert_no_leak(allocator)
+
+
 def test_a_long_prompt_is_chunked_and_yields_nothing_until_it_is_whole(texts: TokenTexts) -> None:
     batcher, shard, allocator, _ = make(texts, max_batch_prefill_tokens=16)
     long_prompt = tuple(range(100, 150))  # 50 tokens, budget 16 per step

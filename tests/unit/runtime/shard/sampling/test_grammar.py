@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tgictl.errors import InvalidRequestError
 from tgictl.proto.messages import Grammar, GrammarType
 from tgictl.runtime.guidance import json_schema_grammar
-from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, MaskJob, advance, unpack_bitmask
+from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, GrammarFailure, MaskJob, advance, unpack_bitmask
 from tgictl.testing.grammar_cases import SCHEMAS
 
 LONG_KEYS = Grammar(GrammarType.LLGUIDANCE, json_schema_grammar(SCHEMAS["long_keys"][0], strict=True))
@@ -53,9 +52,9 @@ def test_matchers_are_cached_copies_and_replay_earlier_tokens(compiler: GrammarC
     assert not fresh.is_accepting()
     replayed = compiler.matcher(grammar, ids)
     assert replayed.is_accepting()
-    with pytest.raises(InvalidRequestError, match="replayed tokens do not follow it"):
+    with pytest.raises(GrammarFailure, match="replayed tokens do not follow it"):
         compiler.matcher(grammar, tokenizer.tokenize_str("ba"))
-    with pytest.raises(InvalidRequestError, match="grammar is not valid"):
+    with pytest.raises(GrammarFailure, match="grammar is not valid"):
         compiler.matcher(Grammar(GrammarType.REGEX, "(a"), ())
 
 
@@ -87,7 +86,7 @@ def test_advance_forces_eos_at_the_grammars_end_and_nothing_after_a_sampled_eos(
 
 def test_a_model_without_tokenizer_refuses_grammars(tmp_path: Path) -> None:
     compiler = GrammarCompiler(tmp_path, 512, (0,))
-    with pytest.raises(InvalidRequestError, match="cannot follow grammars: .*no tokenizer.json"):
+    with pytest.raises(GrammarFailure, match="cannot follow grammars: .*no tokenizer.json"):
         compiler.matcher(LONG_KEYS, ())
 
 
@@ -102,6 +101,6 @@ def test_the_vocabulary_is_built_on_the_first_grammar_not_at_load(tiny_model_dir
 
 def test_a_vocabulary_that_cannot_be_built_refuses_grammar_requests(tmp_path: Path) -> None:
     compiler = GrammarCompiler(tmp_path, 100, (0,))  # no tokenizer.json here
-    with pytest.raises(InvalidRequestError, match="cannot follow grammars"):
+    with pytest.raises(GrammarFailure, match="cannot follow grammars"):
         compiler.matcher(Grammar(GrammarType.REGEX, "[0-9]+"), ())
     assert compiler.vocabulary_built
