@@ -113,6 +113,8 @@ def default_uds_path(uid: int) -> Path:
 BASE_MODEL_ALIASES: tuple[str, ...] = ("tgi",)
 # The base model's label in the per-adapter metrics: not an adapter name either.
 BASE_MODEL_LABEL = "base"
+# --reasoning-parser's choices (runtime/router/text/reasoning.py defines each).
+REASONING_PARSERS: tuple[str, ...] = ("deepseek_r1", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -303,9 +305,17 @@ class RouterConfig:
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
     otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/gRPC); None: no tracing
     otlp_service_name: str = "tgictl.router"
+    # Split a reasoning model's think text from its answer (docs/apis.md, "Reasoning"); None: off.
+    reasoning_parser: str | None = None
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (docs/apis.md, "Adapters at runtime"); off: 404.
+    allow_lora_loading: bool = False
 
     def __post_init__(self) -> None:
         TracingConfig(self.otlp_endpoint, self.otlp_service_name)  # the same checks
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(
+                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
+            )
         positive = {
             "port": self.port,
             "max_concurrent_requests": self.max_concurrent_requests,

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import typer
 
-from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, RouterConfig
+from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, REASONING_PARSERS, RouterConfig
 from tgictl.env import Env
 
 # RouterConfig is the single source of the defaults (the launcher's router_argv compares against it too).
@@ -96,6 +96,15 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("otlp_service_name", str, typer.Option(
         _DEFAULTS["otlp_service_name"], "--otlp-service-name",
         help="The router's service name in traces (launch: the shards get NAME.shard, '.router' dropped).",
+    )),
+    ("reasoning_parser", Optional[str], typer.Option(
+        None, "--reasoning-parser", show_default=False,
+        help=f"Split a reasoning model's think text from its answer: {' or '.join(REASONING_PARSERS)} "
+        "(reasoning_content, thinking blocks, reasoning items).",
+    )),
+    ("allow_lora_loading", bool, typer.Option(
+        _DEFAULTS["allow_lora_loading"], "--allow-lora-loading/--no-allow-lora-loading",
+        help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --api-key when one is set).",
     )),
 )
 _FLAGS_PARAMETER = "router_flags"

@@ -56,6 +56,8 @@ ROUTER_FLAGS: dict[str, str] = {
     "validation_workers": "--validation-workers",
     "otlp_endpoint": "--otlp-endpoint",
     "otlp_service_name": "--otlp-service-name",
+    "reasoning_parser": "--reasoning-parser",
+    "allow_lora_loading": "--allow-lora-loading",
 }
 # RouterConfig fields passed in the router's environment, never on its command line: `ps` shows
 # every process's arguments to every local user (its environment only to its owner).

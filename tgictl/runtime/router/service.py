@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
 from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
 from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.runtime.router.text.reasoning import REASONING_FORMATS
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.traced_client import TracedClient
 from tgictl.runtime.router.validation import GenerationInput, ValidationLimits, Validator
@@ -121,6 +122,8 @@ class RouterService:
     ) -> None:
         self.config = config
         self.model_id = model_id
+        # --reasoning-parser: how chat answers split think text from the answer (None: they do not).
+        self.reasoning = REASONING_FORMATS[config.reasoning_parser] if config.reasoning_parser else None
         self.info = info
         self.limits = limits
         self.tokenizer = tokenizer
@@ -249,10 +252,14 @@ class RouterService:
         self.metrics.max_new_tokens.observe(validated.total_new_tokens)
         return validated
 
-    async def render_chat(self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None) -> str:
+    async def render_chat(
+        self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None,
+        template_kwargs: Mapping[str, object] | None = None,
+    ) -> str:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self.tokenizer.apply_chat_template, messages, tools)
+            return await loop.run_in_executor(
+                self._executor, self.tokenizer.apply_chat_template, messages, tools, template_kwargs)
         except TemplateError:
             self.metrics.request_failure.labels(err="template").inc()
             raise
