@@ -264,9 +264,9 @@ class RouterService:
             self.metrics.request_failure.labels(err="template").inc()
             raise
 
-    async def tokenize(self, text: str) -> list[tuple[int, int, int]]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[tuple[int, int, int]]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.tokenizer.encode_with_offsets, text)
+        return await loop.run_in_executor(self._executor, self.tokenizer.encode_with_offsets, text, add_special_tokens)
 
     def open(self, admissions: Sequence[Admission], requests: Sequence[ValidatedRequest]) -> EventChannel:
         """Queue the generations; their events arrive in the returned channel, which the caller
