@@ -187,7 +187,7 @@ class Info:
     world_size: int
     requires_padding: bool = False
     speculate: int = 0
-    adapters: tuple[str, ...] = ()  # LoRA adapter names; adapter_index k is adapters[k - 1]
+    adapters: tuple[str, ...] = ()  # LoRA adapter slots by name ("" free); adapter_index k is adapters[k - 1]
 
 
 @dataclass(frozen=True)
@@ -231,3 +231,10 @@ class PrefillRequest:
 class DecodeRequest:
     batches: tuple[CachedBatch, ...]  # non-empty; merged into one forward, in this order
     steps: int = 1  # decode steps before the answer (runtime/shard/decode_steps.py)
+
+
+@dataclass(frozen=True)
+class LoadAdapterRequest:
+    name: str
+    path: str  # a local PEFT adapter directory
+    adapter_index: int  # the slot (from 1): a free one, or len(Info.adapters) + 1

@@ -32,6 +32,7 @@ from tgictl.proto.messages import (
     Grammar,
     GrammarType,
     Info,
+    LoadAdapterRequest,
     PrefillRequest,
     Request,
     SamplingParams,
@@ -252,6 +253,9 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Callable[[Any], Any]]] = [
         C.service_discovery_response_from_pb,
     ),
     ("service discovery empty", (), C.service_discovery_response_to_pb, C.service_discovery_response_from_pb),
+    ("load adapter", LoadAdapterRequest("sql", "/adapters/sql", 3), C.load_adapter_request_to_pb,
+     C.load_adapter_request_from_pb),
+    ("unload adapter", 2, C.unload_adapter_request_to_pb, C.unload_adapter_request_from_pb),
 ]
 
 
@@ -267,6 +271,8 @@ def test_every_proto_message_has_a_tested_converter() -> None:
         "InfoRequest",
         "ServiceDiscoveryRequest",
         "ClearCacheResponse",
+        "LoadAdapterResponse",
+        "UnloadAdapterResponse",
     }
     tested = {type(to_pb(value)).__name__ for _, value, to_pb, _ in CASES}
     assert tested | empty == set(pb.DESCRIPTOR.message_types_by_name)

@@ -26,6 +26,7 @@ from tgictl.config import BASE_MODEL_ALIASES, RouterConfig
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
+from tgictl.runtime.router.adapters import AdapterClient, AdapterSlots, RuntimeAdapters
 from tgictl.runtime.router.gateway_metrics import GatewaySources, kv_usage_fraction, register_gateway_gauges
 from tgictl.runtime.router.guided.grammars import GrammarValidator
 from tgictl.runtime.router.health import HealthChecker
@@ -47,7 +48,7 @@ from tgictl.tracing import add_finished_span, tracer
 log = logging.getLogger(__name__)
 
 
-class ServiceClient(ShardClient, Protocol):
+class ServiceClient(ShardClient, AdapterClient, Protocol):
     """Everything the router calls on the shards (ShardedClient implements it)."""
 
     async def info(self) -> Info: ...
@@ -130,7 +131,7 @@ class RouterService:
         self._client = client
         self.metrics = RouterMetrics(max_input_tokens=limits.max_input_tokens, max_total_tokens=limits.max_total_tokens)
         self.metrics.batch_max_total_tokens.set(limits.max_batch_total_tokens)
-        self.metrics.export_adapters(info.adapters)
+        self.metrics.export_adapters([name for name in info.adapters if name])
         self.validator = Validator(
             tokenizer,
             ValidationLimits(
@@ -167,6 +168,12 @@ class RouterService:
             on_error=lambda err: self.health.mark_unhealthy(err),
         )
         self.health = HealthChecker(client, probe_token(tokenizer, info.vocab_size), self.batcher.forward_lock)
+        # LoRA adapters by slot, as loaded at start-up and later (adapters.py; served only with --allow-lora-loading).
+        self.adapters = RuntimeAdapters(
+            AdapterSlots(info.adapters), client, self.batcher.forward_lock, (model_id, *BASE_MODEL_ALIASES),
+            in_use=lambda: [e.request.adapter_index for e in (*self.queue.entries(), *self.batcher.entries())],
+            on_change=self._adapters_changed, forget=self.allocator.forget,
+        )
         self._permits = Permits(config.max_concurrent_requests)
         self._channels: set[EventChannel] = set()  # open ones: what a shutdown must end
         allocator = self.allocator
@@ -182,7 +189,7 @@ class RouterService:
             kv_usage=lambda: kv_usage_fraction(allocator.used_blocks, allocator.total_blocks),
             block_size=info.block_size,
             num_blocks=allocator.total_blocks,
-            max_lora=len(info.adapters),
+            max_lora=lambda: len(self.adapters.slots.loaded),
             running_adapters=lambda: (entry.request.adapter for entry in self.batcher.entries()),
             waiting_adapters=lambda: (entry.request.adapter for entry in self.queue.entries()),
         ))
@@ -215,6 +222,10 @@ class RouterService:
         service = cls(config, model_id, info, limits, tokenizer, client, grammars)
         service._batcher_task = asyncio.create_task(service.batcher.run(), name="batcher")
         return service
+
+    def _adapters_changed(self, slots: AdapterSlots) -> None:
+        self.validator.limits = dataclasses.replace(self.validator.limits, adapters=slots.names)
+        self.metrics.export_adapters(slots.loaded)
 
     @property
     def in_flight(self) -> int:
@@ -271,6 +282,11 @@ class RouterService:
     def open(self, admissions: Sequence[Admission], requests: Sequence[ValidatedRequest]) -> EventChannel:
         """Queue the generations; their events arrive in the returned channel, which the caller
         closes when it stops reading (closing early cancels what still runs)."""
+        stale = [r.adapter for r in requests if not self.adapters.slots.holds(r.adapter_index, r.adapter)]
+        if stale:  # unloaded while its request was validated
+            for admission in admissions:
+                admission.release()
+            raise ValidationError(f"the LoRA adapter `{stale[0]}` was unloaded")
         traced: otel_context.Context | None = otel_context.get_current()
         span = trace.get_current_span(traced)
         if span.is_recording():  # inside the request span (http/request_spans.py): batch spans link to it

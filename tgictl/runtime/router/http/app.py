@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tgictl import __version__
 from tgictl.errors import PayloadTooLargeError, TgictlError
 from tgictl.runtime.router.http.anthropic.routes import anthropic_router
+from tgictl.runtime.router.http.routes_adapters import adapter_router
 from tgictl.runtime.router.http.openai_responses.routes import responses_router
 from tgictl.runtime.router.http.request_spans import RequestSpans
 from tgictl.runtime.router.http.error_shapes import shape_for
@@ -181,6 +182,8 @@ def create_app(service: RouterService) -> FastAPI:
     app.include_router(openai_router(service, auth))
     app.include_router(anthropic_router(service, auth))
     app.include_router(responses_router(service, auth))
+    if config.allow_lora_loading:
+        app.include_router(adapter_router(service, auth))
     app.add_middleware(BodyGuard, limit=config.payload_limit)
     if config.otlp_endpoint is not None:
         app.add_middleware(RequestSpans)

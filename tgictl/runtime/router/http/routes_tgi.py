@@ -242,7 +242,7 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
                 "prefix_caching": service.prefix_caching,
                 "speculate": service.info.speculate,
                 # LoRA adapters a request may name (parameters.adapter_id, OpenAI `model`), in load order.
-                "lora_adapters": list(service.info.adapters),
+                "lora_adapters": list(service.adapters.slots.loaded),
                 "validation_workers": config.validation_workers,
                 "max_client_batch_size": config.max_client_batch_size,
                 "router": "tgictl-router",
@@ -263,7 +263,7 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
         base = {"id": service.model_id, "object": "model", "created": 0, "owned_by": service.model_id}
         adapters = [
             {"id": name, "object": "model", "created": 0, "owned_by": service.model_id, "parent": service.model_id}
-            for name in service.info.adapters
+            for name in service.adapters.slots.loaded
         ]
         return TgiJSONResponse({"object": "list", "data": [base, *adapters]})
 

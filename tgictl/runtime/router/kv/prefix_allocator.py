@@ -146,6 +146,10 @@ class RadixAllocator(BlockPool):
         free.extend(blocks[prefix:present])
         free.extend(blocks[full:])  # partial last block and generated tokens are never cached
 
+    def forget(self, namespace: int) -> None:
+        """Drop the cached prefixes of `namespace` (an unloaded adapter's): their blocks become free."""
+        self._free.extend(self._trie.drop_namespace(namespace))
+
     def check_integrity(self) -> None:
         trie = self._trie
         trie.check_integrity()
