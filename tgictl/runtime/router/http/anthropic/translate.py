@@ -72,8 +72,9 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
 def chat_turn(body: CountTokensRequest, reasoning: bool) -> ChatTurn:
     """`reasoning`: the server splits think text (--reasoning-parser), so `thinking` maps onto the template's
     enable_thinking and its budget onto max_reasoning_tokens."""
-    tools = [
-        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+    tools = [  # the chat shape, with the fields given only: the prompt shows them as a chat request would
+        {"type": "function", "function": {k: v for k, v in (("name", t.name), ("description", t.description),
+                                                             ("parameters", t.input_schema)) if v is not None}}
         for t in body.tools or () if _custom(t.type, t.name)
     ]
     choice, parallel = _tool_choice(body)

@@ -71,10 +71,10 @@ def _tools(body: ResponsesRequest) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(body.tools or ()):
         if tool.type != "function":
             raise ToolError(f"tools[{i}]: tools of type `{tool.type}` are not supported; use `function`")
-        function: dict[str, Any] = {"name": tool.name, "description": tool.description, "strict": tool.strict}
-        if tool.parameters is not None:
-            function["parameters"] = tool.parameters
-        tools.append({"type": "function", "function": function})
+        # The chat shape, with the fields given only: the prompt shows the tools as a chat request would.
+        function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters,
+                    "strict": tool.strict}
+        tools.append({"type": "function", "function": {k: v for k, v in function.items() if v is not None}})
     return tools or None
 
 
