@@ -152,6 +152,16 @@ def parse_lora_adapters(text: str | None) -> tuple[LoraAdapterSpec, ...]:
     return tuple(specs)
 
 
+# One device job (a Prefill of max_batch_prefill_tokens, a Decode of up to 64 steps) runs well under this even for
+# 8B models on a few CPU cores (a 4,096-token prefill there is ~2 minutes); a job past it is hung.
+DEFAULT_HEALTH_STEP_TIMEOUT_S = 300.0
+
+
+def _check_health_step_timeout(seconds: float) -> None:
+    if not seconds > 0:
+        raise ConfigError(f"--health-step-timeout must be > 0 seconds, got {seconds}")
+
+
 def _check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None) -> None:
     """The settings a shard takes, checked the same way wherever they are given (shard or launch)."""
     if not model_id.strip():
@@ -231,6 +241,9 @@ class ShardConfig:
     master_addr: str | None = None  # torch.distributed rendezvous; required when world_size > 1
     master_port: int | None = None
     shutdown_grace_s: float = 30.0  # SIGTERM: how long the RPC in flight may still run
+    # --health-step-timeout: the Health RPC reports the rank unhealthy once one device job (a step) has run
+    # longer than this (a hung collective or device); it never waits for the step itself.
+    health_step_timeout_s: float = DEFAULT_HEALTH_STEP_TIMEOUT_S
     tracing: TracingConfig = field(default_factory=lambda: TracingConfig(service_name="tgictl.shard"))
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     lora_adapters: tuple[LoraAdapterSpec, ...] = ()  # served beside the base model, in this order
@@ -252,6 +265,7 @@ class ShardConfig:
             )
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        _check_health_step_timeout(self.health_step_timeout_s)
 
     def socket_path(self, rank: int) -> Path:
         return Path(f"{self.uds_path}-{rank}")
@@ -391,6 +405,7 @@ class LaunchConfig:
     crash_stop_timeout_s: float = 3.0
     progress_interval_s: float = 5.0  # how often "waiting for shards" is logged
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    health_step_timeout_s: float = DEFAULT_HEALTH_STEP_TIMEOUT_S  # passed to every shard (ShardConfig)
 
     def __post_init__(self) -> None:
         _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
@@ -415,6 +430,7 @@ class LaunchConfig:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
+        _check_health_step_timeout(self.health_step_timeout_s)
 
 
 BENCH_APIS: tuple[str, ...] = ("tgi", "openai-chat", "openai-completions")
