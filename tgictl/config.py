@@ -312,6 +312,12 @@ class RouterConfig:
     api_key: str | None = field(default=None, repr=False)  # never printed
     cors_allow_origin: tuple[str, ...] = ()  # empty: any origin
     payload_limit: int = 2_000_000  # bytes of a request body
+    # Slow clients (router/http/connection_guard.py): a request's headers must arrive within this many seconds
+    # of its connection (or of the previous response), its body within the next; beyond max_connections open
+    # connections a new one is answered 503 and closed.
+    http_header_timeout_s: float = 10.0
+    http_body_timeout_s: float = 60.0
+    max_connections: int = 1024
     validation_workers: int = 2
     graceful_termination_timeout_s: float = 90.0
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
@@ -326,6 +332,7 @@ class RouterConfig:
             "max_best_of": self.max_best_of,
             "max_client_batch_size": self.max_client_batch_size,
             "payload_limit": self.payload_limit,
+            "max_connections": self.max_connections,
             "validation_workers": self.validation_workers,
             "max_new_tokens_per_round": self.max_new_tokens_per_round,
             "decode_steps": self.decode_steps,
@@ -340,6 +347,15 @@ class RouterConfig:
         for name, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        for flag, seconds in (("--http-header-timeout", self.http_header_timeout_s),
+                              ("--http-body-timeout", self.http_body_timeout_s)):
+            if not seconds > 0:
+                raise ConfigError(f"{flag} must be > 0 seconds, got {seconds}")
+        if self.max_connections <= self.max_concurrent_requests:
+            raise ConfigError(
+                f"--max-connections ({self.max_connections}) must be above --max-concurrent-requests "
+                f"({self.max_concurrent_requests}): every request holds a connection, and /health needs one too"
+            )
         if not 0 <= self.decode_call_ms <= 10_000:
             raise ConfigError(f"decode_call_ms must be within 0..10000, got {self.decode_call_ms}")
         if self.decode_steps > MAX_DECODE_STEPS:
