@@ -122,3 +122,16 @@ HOSTILE_SCHEMAS: dict[str, dict[str, Any]] = {
     "required_recursion": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
     "self_reference": {"$ref": "#"},  # allows no first token
 }
+
+# Passes the validation probe (its first steps are a short free string) and trips the parser's row limit a few
+# tokens later, at the inner object of 3,000 optional properties: what only the shard can catch, which then
+# ends just this request (Generation.error).
+LATE_FAILING_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "string", "maxLength": 3},
+        "b": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
