@@ -73,6 +73,7 @@ def test_every_flag_reaches_its_field() -> None:
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
         "--payload-limit", "1000", "--validation-workers", "4",
         "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router",
+        "--http-header-timeout", "5", "--http-body-timeout", "30", "--max-connections", "64",
         "--reasoning-parser", "qwen3", "--allow-lora-loading",
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
@@ -84,6 +85,7 @@ def test_every_flag_reaches_its_field() -> None:
         max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
         validation_workers=4, otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
+        http_header_timeout_s=5.0, http_body_timeout_s=30.0, max_connections=64,
         reasoning_parser="qwen3", allow_lora_loading=True,
     )  # fmt: skip
     # Every field a flag sets differs from its default above, so none was silently dropped.
