@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 # Slots at most (start-up adapters included): each slot is a layer of zeros or factors in every adapted
 # linear of every rank, so a client with the API key cannot make the shards grow without bound.
 MAX_ADAPTER_SLOTS = 64
+# An adapter's name is a `model` clients send, a /v1/models id and a metrics label: letters, digits and
+# `._-/:@+` (hub ids fit), at most 200 characters.
+_NAME = re.compile(r"[\w.\-/:@+]{1,200}")
+MAX_PATH_CHARS = 4096
 
 
 class AdapterError(TgictlError):
@@ -86,10 +91,11 @@ class RuntimeAdapters:
 
     async def load(self, name: str, path: str) -> int:
         """Load `path` as adapter `name`; returns its adapter_index."""
-        if not name or name in self._base_names or name.strip() != name:
-            raise AdapterError(f"`lora_name` must be a non-empty name other than {', '.join(self._base_names)}")
-        if not path:
-            raise AdapterError("`lora_path` must be a PEFT adapter directory the shards can read")
+        if not _NAME.fullmatch(name) or name in self._base_names:
+            raise AdapterError(f"`lora_name` must be 1-200 letters, digits or `._-/:@+`, and not "
+                               f"{', '.join(self._base_names)}")
+        if not path or len(path) > MAX_PATH_CHARS or "\x00" in path or not path.isprintable():
+            raise AdapterError("`lora_path` must be the path of a PEFT adapter directory the shards can read")
         async with self._changing:
             if self.slots.index(name) is not None:
                 raise AdapterError(f"The lora adapter '{name}' has already been loaded.")

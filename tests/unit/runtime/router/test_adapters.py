@@ -6,6 +6,7 @@ unloaded slot is reused by the next load and its cached prefixes are dropped; er
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -85,12 +86,16 @@ def test_bad_loads_are_400_and_leave_no_slot(tiny_tokenizer_dir: Path) -> None:
     async def scenario(service: RouterService, fake: FakeServiceClient, http: httpx.AsyncClient) -> None:
         for body, words in [
             ({"lora_name": "x", "lora_path": "/no/such/dir"}, "is not a directory"),
-            ({"lora_name": "", "lora_path": "/tmp"}, "non-empty name"),
-            ({"lora_name": "tgi", "lora_path": "/tmp"}, "non-empty name"),
+            ({"lora_name": "", "lora_path": "/tmp"}, "letters, digits"),
+            ({"lora_name": "tgi", "lora_path": "/tmp"}, "letters, digits"),
+            ({"lora_name": "a\ud800", "lora_path": "/tmp"}, "letters, digits"),
+            ({"lora_name": "a b", "lora_path": "/tmp"}, "letters, digits"),
             ({"lora_name": "x", "lora_path": ""}, "PEFT adapter directory"),
+            ({"lora_name": "x", "lora_path": "/tmp/\ud800"}, "PEFT adapter directory"),
             ({"lora_name": "x"}, "lora_path"),
         ]:
-            answer = await http.post("/v1/load_lora_adapter", json=body)
+            answer = await http.post("/v1/load_lora_adapter", content=json.dumps(body).encode(),  # "\\ud800" as is
+                                     headers={"content-type": "application/json"})
             assert 400 <= answer.status_code < 500 and words in answer.json()["error"]["message"], body
         # The shard's refusal was undone on every rank; no slot was taken.
         assert fake.adapter_calls == [("load", 1), ("unload", 1)]
