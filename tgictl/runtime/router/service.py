@@ -283,10 +283,11 @@ class RouterService:
         """Queue the generations; their events arrive in the returned channel, which the caller
         closes when it stops reading (closing early cancels what still runs)."""
         stale = [r.adapter for r in requests if not self.adapters.slots.holds(r.adapter_index, r.adapter)]
-        if stale:  # unloaded while its request was validated
-            for admission in admissions:
-                admission.release()
-            raise ValidationError(f"the LoRA adapter `{stale[0]}` was unloaded")
+        if stale:  # its adapter was unloaded while it was validated: it ends at once, in its API's way
+            self.metrics.request_failure.labels(err="validation").inc()
+            failed = EventChannel(len(requests))
+            failed.fail(ValidationError(f"the LoRA adapter `{stale[0]}` was unloaded"))
+            return failed
         traced: otel_context.Context | None = otel_context.get_current()
         span = trace.get_current_span(traced)
         if span.is_recording():  # inside the request span (http/request_spans.py): batch spans link to it

@@ -14,7 +14,9 @@ import httpx
 
 from tgictl.config import RouterConfig
 from tgictl.runtime.router.http.app import create_app
+from tgictl.runtime.router.request import ErrorEvent
 from tgictl.runtime.router.service import RouterService
+from tgictl.runtime.router.validation import GenerationInput
 from tgictl.testing.fake_shard import FakeServiceClient
 
 Scenario = Callable[[RouterService, FakeServiceClient, httpx.AsyncClient], Awaitable[None]]
@@ -131,3 +133,19 @@ def test_the_api_key_guards_the_routes(tiny_tokenizer_dir: Path, tmp_path: Path)
                                 headers={"x-api-key": "k"})).status_code == 200
 
     run(tiny_tokenizer_dir, scenario, allow_lora_loading=True, api_key="k")
+
+
+def test_a_request_validated_before_its_adapter_was_unloaded_ends_as_a_422(tiny_tokenizer_dir: Path, tmp_path: Path) -> None:
+    async def scenario(service: RouterService, fake: FakeServiceClient, http: httpx.AsyncClient) -> None:
+        await http.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(tmp_path)})
+        admission = service.admit()
+        validated = await service.validate(admission, GenerationInput(inputs="hi", max_new_tokens=2, model="sql"))
+        assert validated.adapter_index == 1
+        assert (await http.post("/v1/unload_lora_adapter", json={"lora_name": "sql"})).status_code == 200
+        channel = service.open([admission], [validated])  # the slot it names is free now: nothing is queued
+        item = await channel.next()
+        assert item is not None and isinstance(item[1], ErrorEvent) and item[1].error.http_status == 422
+        assert "was unloaded" in item[1].error.message and channel.closed and len(service.queue) == 0
+        admission.release()
+
+    run(tiny_tokenizer_dir, scenario, allow_lora_loading=True)
