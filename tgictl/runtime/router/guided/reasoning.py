@@ -9,8 +9,12 @@ tag's text, so the only way out of the reasoning is the tag itself, as the route
 spent, the grammar allows only the end of the think text, so the end tag comes as forced tokens and the
 answer follows, cleanly.
 
-A tag that is one token of the vocabulary is referred to by id (`<[id]>`): llguidance treats added tokens
-as special, so the tag's text would not match the token the model writes.
+A tag that is one token of the vocabulary (Qwen3's, DeepSeek-R1's) is referred to by id (`<[id]>`):
+llguidance treats added tokens as special, so the tag's text would not match the token the model writes.
+A tag that is only text is matched lazily instead (the think text ends at the first end tag, which its
+lexeme includes): llguidance's lexer cannot end a lexeme several bytes back, so "text without the tag, then
+the tag" would refuse the tag's last byte. That form has no budget (`max_tokens` does not force the tag's
+bytes), so a budget needs tags that are tokens (turn.py refuses it otherwise).
 """
 
 from __future__ import annotations
@@ -28,10 +32,14 @@ FREE_TEXT_GRAMMAR = "start: ANSWER\nANSWER: /(?s:.*)/"
 _REGEX_META = set("\\.^$|?*+()[]{}/-&~#")
 
 
+def _escaped(text: str) -> str:
+    """`text` as a literal inside a lark /regex/."""
+    return "".join(f"\\{c}" if c in _REGEX_META else c for c in text)
+
+
 def _not_containing(text: str) -> str:
     """A lark terminal matching any text that does not contain `text` (llguidance's `&` and `~`)."""
-    escaped = "".join(f"\\{c}" if c in _REGEX_META else c for c in text)
-    return f"/(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/"
+    return f"/(?s:.*)/ & ~/(?s:.*){_escaped(text)}(?s:.*)/"
 
 
 @dataclass(frozen=True)
@@ -39,10 +47,10 @@ class ReasoningGrammar:
     """How the output begins (inside the reasoning, or with an optional think block) and its budget."""
 
     start: str  # the start tag as a lark item: `<[id]>` or a string literal
-    end: str  # the end tag, likewise
+    end: str | None  # the end tag as `<[id]>`; None when it is only text (then matched lazily)
     end_text: str  # the end tag's text, which the think text may not contain
     opening: Literal["inside", "optional"]
-    budget: int | None = None  # most tokens of think text (max_reasoning_tokens)
+    budget: int | None = None  # most tokens of think text (max_reasoning_tokens); only with `end`
 
     @classmethod
     def for_tags(
@@ -51,20 +59,30 @@ class ReasoningGrammar:
     ) -> ReasoningGrammar:
         """token_ids: each tag's id when it is one token of the vocabulary."""
 
-        def item(tag: str) -> str:
-            token = token_ids.get(tag)
-            return f"<[{token}]>" if token is not None else json.dumps(tag)
+        start, end = token_ids.get(start_tag), token_ids.get(end_tag)
+        if end is None and budget is not None:
+            raise ValueError("a reasoning budget needs an end tag that is one token of the vocabulary")
+        return cls(f"<[{start}]>" if start is not None else json.dumps(start_tag),
+                   f"<[{end}]>" if end is not None else None, end_tag, opening, budget)
 
-        return cls(item(start_tag), item(end_tag), end_tag, opening, budget)
+    @property
+    def tags_are_tokens(self) -> bool:
+        return self.end is not None
 
     def wrap(self, answer: str) -> str:
         """The llguidance grammar text: reasoning, the end tag, then `answer` (a compiled grammar text)."""
-        think = f"think[max_tokens={self.budget}]: THINK" if self.budget is not None else "think: THINK"
+        if self.end is not None:  # the think text, then the tag's token
+            think = f"think[max_tokens={self.budget}]: THINK" if self.budget is not None else "think: THINK"
+            rules = [think, f"THINK: {_not_containing(self.end_text)}"]
+            block = f"think {self.end} {_GAP}"
+        else:  # the think text up to and with the first end tag
+            rules = [f"think[lazy]: /(?s:.*){_escaped(self.end_text)}/"]
+            block = f"think {_GAP}"
         if self.opening == "inside":  # a start tag the model writes itself is allowed once, first
-            start = f"start: {self.start}? think {self.end} {_GAP} @answer"
+            start = f"start: {self.start}? {block} @answer"
         else:
-            start = f"start: ({self.start} think {self.end} {_GAP})? @answer"
-        top = "\n".join([start, think, f"THINK: {_not_containing(self.end_text)}"])
+            start = f"start: ({self.start} {block})? @answer"
+        top = "\n".join([start, *rules])
         return json.dumps({"grammars": [{"name": "reasoning", "lark_grammar": top}, {**_first(answer), "name": "answer"}]})
 
 

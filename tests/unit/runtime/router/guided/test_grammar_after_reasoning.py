@@ -49,7 +49,18 @@ def test_tags_that_are_tokens_are_referred_to_by_id(tokenizer: Tokenizer) -> Non
     grammar = reasoning(tokenizer)
     assert grammar.start == f"<[{tokenizer.token_to_id('<think>')}]>" and grammar.end.startswith("<[")
     as_text = ReasoningGrammar.for_tags("<r>", "</r>", {}, "inside", None)
-    assert as_text.start == '"<r>"' and as_text.end == '"</r>"'
+    assert as_text.start == '"<r>"' and not as_text.tags_are_tokens
+    with pytest.raises(ValueError, match="budget needs an end tag that is one token"):
+        ReasoningGrammar.for_tags("<r>", "</r>", {}, "inside", 5)
+
+
+def test_tags_that_are_only_text_end_the_think_text_lazily(ll: llguidance.LLTokenizer, tokenizer: Tokenizer) -> None:
+    # `<r>` and `</r>` are not tokens of this vocabulary: the model writes them in pieces.
+    text_tags = ReasoningGrammar.for_tags("<r>", "</r>", {}, "inside", None)
+    wrapped = GrammarRequest("json", GrammarRequest.json_schema(SCHEMA, strict=True).value, True, text_tags)
+    assert follows(ll, tokenizer, wrapped, 'thinking {"a": </r>\n{"a": 5}')
+    assert follows(ll, tokenizer, wrapped, '<r>thinking</r>{"a": 5}')
+    assert not follows(ll, tokenizer, wrapped, 'thinking</r>not json')
 
 
 @pytest.mark.parametrize(("request_", "answer", "wrong"), [

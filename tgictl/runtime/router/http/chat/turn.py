@@ -92,7 +92,10 @@ class ChatTurn:
         opening = fmt.opening(prompt) if fmt is not None else None
         if fmt is not None and opening is not None and (grammar is not None or self.max_reasoning_tokens):
             tags = {tag: service.tokenizer.single_token(tag) for tag in (fmt.start_tag, fmt.end_tag)}
-            after = ReasoningGrammar.for_tags(fmt.start_tag, fmt.end_tag, tags, opening, self.max_reasoning_tokens)
+            try:
+                after = ReasoningGrammar.for_tags(fmt.start_tag, fmt.end_tag, tags, opening, self.max_reasoning_tokens)
+            except ValueError as err:  # a budget, and a model whose end tag is not one token
+                raise ValidationError(f"`max_reasoning_tokens`: {err}") from None
             grammar = dataclasses.replace(grammar or GrammarRequest("text", ""), reasoning=after)
         return PreparedTurn(prompt, grammar, self.tools, fmt, opening)
 
