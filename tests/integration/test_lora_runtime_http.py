@@ -8,25 +8,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.launch_procs import LaunchProc, start_launch
+from tests.integration.launch_procs import start_launch
+from tests.integration.test_lora_http import Served, _ids
 from tests.lora_adapters import peft_greedy, write_random_adapter
 
 NEW_TOKENS = 6
 # More than one KV block (16 tokens), so a repeat would hit the radix cache.
 PROMPT = "Every block of sixteen tokens that was computed under one adapter is cached under that adapter only."
-
-
-@dataclass
-class Served:
-    launch: LaunchProc
-    model_dir: Path
-    adapters: dict[str, Path]
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +38,6 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield Served(launch, tiny_model_dir, adapters)
     finally:
         launch.stop()
-
-
-def _ids(model_dir: Path, text: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"]
 
 
 def generate(served: Served, adapter: str | None) -> tuple[list[int], int]:
