@@ -62,11 +62,14 @@ def test_load_use_unload_and_reuse_a_slot(tiny_tokenizer_dir: Path, tmp_path: Pa
         assert answer.status_code == 200 and answer.json()["model"] == "sql"
         again = await http.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(tmp_path)})
         assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
-        # A request of the adapter publishes its prompt under slot 1; unloading drops it.
-        assert any(root for root in service.allocator.trie._roots if root == 1)  # type: ignore[attr-defined]
+        # A request of the adapter publishes its prompt's blocks under slot 1; unloading drops them.
+        long = {**chat("sql"), "messages": [{"role": "user", "content": "the quick brown fox " * 12}]}
+        assert (await http.post("/v1/chat/completions", json=long)).status_code == 200
+        cached = service.allocator.cached_blocks
+        assert cached > 0
         unload = await http.post("/v1/unload_lora_adapter", json={"lora_name": "sql"})
         assert unload.status_code == 200 and fake.adapter_calls[-1] == ("unload", 1)
-        assert 1 not in service.allocator.trie._roots  # type: ignore[attr-defined]
+        assert service.allocator.cached_blocks == 0 < cached
         service.allocator.check_integrity()
         gone = await http.post("/v1/chat/completions", json=chat("sql"))
         assert gone.status_code == 200  # no adapter loaded: `model` names nothing, as without adapters
