@@ -16,7 +16,6 @@ import grpc.aio
 
 from tgictl.errors import GenerationError, ShardConnectionError, TgictlError
 from tgictl.proto import convert
-from tgictl.runtime.router.adapters import AdapterError
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.generate_pb2_grpc import TextGenerationServiceStub
 from tgictl.proto.messages import (
@@ -32,6 +31,7 @@ from tgictl.proto.messages import (
     WarmupRequest,
     WarmupResult,
 )
+from tgictl.runtime.router.adapters import AdapterError
 from tgictl.tracing import grpc_metadata
 
 T = TypeVar("T")

@@ -98,14 +98,14 @@ class ChatTemplate:
         if self._template is None:
             raise TemplateError(self._compile_error or "the chat template does not compile")
         try:
-            return self._template.render(
+            return self._template.render({
                 **(extra or {}),
-                messages=list(messages),
-                tools=list(tools) if tools else None,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                add_generation_prompt=add_generation_prompt,
-            )
+                "messages": list(messages),
+                "tools": list(tools) if tools else None,
+                "bos_token": self.bos_token or "",
+                "eos_token": self.eos_token or "",
+                "add_generation_prompt": add_generation_prompt,
+            })
         except _TemplateRaised as err:
             raise TemplateError(str(err)) from None
         except jinja2.TemplateError as err:
