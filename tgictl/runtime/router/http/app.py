@@ -26,6 +26,7 @@ from tgictl.runtime.router.http.error_shapes import shape_for
 from tgictl.runtime.router.http.responses import error_response
 from tgictl.runtime.router.http.routes_openai import openai_router
 from tgictl.runtime.router.http.routes_tgi import tgi_router
+from tgictl.runtime.router.http.worker_contract import worker_router
 from tgictl.runtime.router.service import RouterService
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,7 @@ def create_app(service: RouterService) -> FastAPI:
 
     app.include_router(tgi_router(service, auth))
     app.include_router(openai_router(service, auth))
+    app.include_router(worker_router(service, auth))
     app.add_middleware(BodyGuard, limit=config.payload_limit)
     if config.otlp_endpoint is not None:
         app.add_middleware(RequestSpans)
