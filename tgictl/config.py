@@ -303,9 +303,15 @@ class RouterConfig:
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
     otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/gRPC); None: no tracing
     otlp_service_name: str = "tgictl.router"
+    # KV cache events over ZMQ in vLLM's format (router/kv_event_publisher.py); None: none published.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
         TracingConfig(self.otlp_endpoint, self.otlp_service_name)  # the same checks
+        if self.kv_events_endpoint is None and (self.kv_events_replay_endpoint is not None or self.kv_events_topic):
+            raise ConfigError("--kv-events-replay-endpoint and --kv-events-topic need --kv-events-endpoint")
         positive = {
             "port": self.port,
             "max_concurrent_requests": self.max_concurrent_requests,

@@ -63,6 +63,17 @@ def replica_socket_base(uds_base: Path, index: int) -> Path:
     return uds_base.with_name(f"{uds_base.name}-r{index}")
 
 
+def offset_endpoint(endpoint: str | None, index: int) -> str | None:
+    """Replica i's ZMQ endpoint for KV events: TCP port + i (vLLM's rule for data-parallel ranks), else
+    a path suffix, so replicas on one host never bind the same address."""
+    if endpoint is None or index == 0:
+        return endpoint
+    head, sep, port = endpoint.rpartition(":")
+    if endpoint.startswith("tcp://") and sep and port.isdigit():
+        return f"{head}:{int(port) + index}"
+    return f"{endpoint}-r{index}"
+
+
 def _smg_log_level(level: str) -> str:
     # SMG logs every registration step at info; the launcher says what matters itself.
     return {"debug": "debug", "error": "error", "critical": "error"}.get(level, "warn")
@@ -109,8 +120,10 @@ def build_fleet_plan(
         env = dict(base_env)
         # Each shard's OpenMP pool sized to its share of the replica's cores (not the host's).
         env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpus) // config.num_shard)))
-        single = replace(config, replicas=1, replica_cpus=(),
-                         router=replace(config.router, hostname=REPLICA_HOST, port=port))
+        router = replace(config.router, hostname=REPLICA_HOST, port=port,
+                         kv_events_endpoint=offset_endpoint(config.router.kv_events_endpoint, index),
+                         kv_events_replay_endpoint=offset_endpoint(config.router.kv_events_replay_endpoint, index))
+        single = replace(config, replicas=1, replica_cpus=(), router=router)
         launch = build_plan(single, model_dir, replica_socket_base(uds_base, index), log_config, env, master_port,
                             len(cpus))
         pin = {"replica": index, "cpus": tuple(cpus)}

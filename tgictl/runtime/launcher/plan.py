@@ -56,6 +56,9 @@ ROUTER_FLAGS: dict[str, str] = {
     "validation_workers": "--validation-workers",
     "otlp_endpoint": "--otlp-endpoint",
     "otlp_service_name": "--otlp-service-name",
+    "kv_events_endpoint": "--kv-events-endpoint",
+    "kv_events_replay_endpoint": "--kv-events-replay-endpoint",
+    "kv_events_topic": "--kv-events-topic",
 }
 # RouterConfig fields passed in the router's environment, never on its command line: `ps` shows
 # every process's arguments to every local user (its environment only to its owner).

@@ -10,7 +10,7 @@ import pytest
 
 from tgictl.config import LaunchConfig, LogConfig, RouterConfig
 from tgictl.errors import ConfigError
-from tgictl.runtime.launcher.fleet_plan import FleetPlan, build_fleet_plan, require_gateway
+from tgictl.runtime.launcher.fleet_plan import FleetPlan, build_fleet_plan, offset_endpoint, require_gateway
 
 MODEL = Path("/models/tiny")
 BASE = Path("/tmp/tgictl-test/shard")
@@ -87,3 +87,11 @@ def test_a_missing_gateway_is_one_line_naming_the_extra(monkeypatch: pytest.Monk
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"^--replicas 2 runs .* not installed: pip install 'tgictl\[gateway\]'$"):
         require_gateway(2)
+
+
+def test_each_replica_publishes_kv_events_on_its_own_endpoint() -> None:
+    fleet = plan(kv_events_endpoint="tcp://*:5557", kv_events_replay_endpoint="tcp://*:5600")
+    argvs = [r.launch.router.argv for r in fleet.replicas]
+    assert [_flag(a, "--kv-events-endpoint") for a in argvs] == ["tcp://*:5557", "tcp://*:5558"]
+    assert [_flag(a, "--kv-events-replay-endpoint") for a in argvs] == ["tcp://*:5600", "tcp://*:5601"]
+    assert offset_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv-r2" and offset_endpoint(None, 3) is None
