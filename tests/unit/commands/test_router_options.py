@@ -73,6 +73,8 @@ def test_every_flag_reaches_its_field() -> None:
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
         "--payload-limit", "1000", "--validation-workers", "4",
         "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router",
+        "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://*:5558",
+        "--kv-events-topic", "kv@pod@m",
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
     assert config == RouterConfig(
@@ -83,6 +85,7 @@ def test_every_flag_reaches_its_field() -> None:
         max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
         validation_workers=4, otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
+        kv_events_endpoint="tcp://*:5557", kv_events_replay_endpoint="tcp://*:5558", kv_events_topic="kv@pod@m",
     )  # fmt: skip
     # Every field a flag sets differs from its default above, so none was silently dropped.
     defaults = RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="t")
