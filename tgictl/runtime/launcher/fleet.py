@@ -60,7 +60,6 @@ class Replica:
         self.shards: list[ChildProcess] = []
         self.router: ChildProcess | None = None
         self.serving = False
-        self.served_once = False
         self.failures = 0  # deaths since it last served
         self.restart_at: float | None = None  # when it is down: when it starts again
 
@@ -88,7 +87,7 @@ class Replica:
         if self.router is None and all(path.exists() for path in launch.socket_paths):
             self.router = ChildProcess.start(launch.router)
         if self.router is not None and not self.serving and port_open(*launch.router_address):
-            self.serving = self.served_once = True
+            self.serving = True
             self.failures = 0
             log.info("%s serving on %s", self.label, self.plan.url)
 
