@@ -71,7 +71,7 @@ def test_the_validators_catch_what_they_should() -> None:
         jsonschema.validate(pool, _strict(json.loads(INFERENCE_POOL_SCHEMA.read_text())))
 
 
-def test_tgictl_pods_probe_the_worker_contract_s_routes() -> None:
+def test_tgictl_pods_probe_health_as_operations_md_says() -> None:
     container = by_kind("Deployment", "tgictl")["spec"]["template"]["spec"]["containers"][0]
     # docs/operations.md: /health for all three (it never waits for a step; 503 while draining).
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
