@@ -91,6 +91,10 @@ def test_both_apis_through_the_public_port(fleet: Fleet) -> None:
     with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, timeout=60) as response:
         events = [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
     assert len(events) == 3 and events[-1]["generated_text"] is not None
+    # TGI's text-generation client, pointed at the gateway's /generate (SMG has no `/` route).
+    hub = InferenceClient(f"{url}/generate")
+    assert isinstance(hub.text_generation("hello", max_new_tokens=3), str)
+    assert len(list(hub.text_generation("hello", max_new_tokens=3, stream=True))) == 3
 
 
 def test_each_replica_runs_on_its_own_cores(fleet: Fleet) -> None:
