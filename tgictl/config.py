@@ -329,6 +329,10 @@ class RouterConfig:
     reasoning_parser: str | None = None
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (docs/apis.md, "Adapters at runtime"); off: 404.
     allow_lora_loading: bool = False
+    # KV cache events over ZMQ in vLLM's format (router/kv_event_publisher.py); None: none published.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
         TracingConfig(self.otlp_endpoint, self.otlp_service_name)  # the same checks
@@ -336,6 +340,8 @@ class RouterConfig:
             raise ConfigError(
                 f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
             )
+        if self.kv_events_endpoint is None and (self.kv_events_replay_endpoint is not None or self.kv_events_topic):
+            raise ConfigError("--kv-events-replay-endpoint and --kv-events-topic need --kv-events-endpoint")
         positive = {
             "port": self.port,
             "max_concurrent_requests": self.max_concurrent_requests,
@@ -400,6 +406,12 @@ class RouterConfig:
         return self.served_model_name if self.served_model_name is not None else self.tokenizer_name
 
 
+# SMG's routing policies `--gateway-policy` offers (SMG's own names; docs/replicas.md compares three).
+GATEWAY_POLICIES: tuple[str, ...] = (
+    "cache_aware", "round_robin", "prefix_hash", "power_of_two", "least_load", "consistent_hashing", "random",
+)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """`tgictl launch`: N shard processes and one router, supervised together.
@@ -432,11 +444,25 @@ class LaunchConfig:
     progress_interval_s: float = 5.0  # how often "waiting for shards" is logged
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     health_step_timeout_s: float = DEFAULT_HEALTH_STEP_TIMEOUT_S  # passed to every shard (ShardConfig)
+    # Replicas (docs/replicas.md): above 1, that many routers-with-shards on private ports behind the SMG
+    # gateway on `router.port`, each pinned to its own cores (`replica_cpus`: one cpulist each, or planned).
+    replicas: int = 1
+    replica_cpus: tuple[str, ...] = ()
+    gateway_policy: str = "cache_aware"
+    replica_restart_delay_s: float = 1.0  # before a dead replica starts again (doubles while it keeps dying)
 
     def __post_init__(self) -> None:
         _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
         if self.num_shard < 1:
             raise ConfigError(f"num_shard must be >= 1, got {self.num_shard}")
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.replicas == 1 and self.replica_cpus:
+            raise ConfigError("--replica-cpus needs --replicas 2 or more")
+        if self.gateway_policy not in GATEWAY_POLICIES:
+            raise ConfigError(f"--gateway-policy must be one of {', '.join(GATEWAY_POLICIES)}, got {self.gateway_policy!r}")
+        if self.replica_restart_delay_s < 0:
+            raise ConfigError(f"replica_restart_delay_s must be >= 0, got {self.replica_restart_delay_s}")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise ConfigError(f"master_port must be in 1 .. 65535, got {self.master_port}")
         if not self.master_addr.strip():

@@ -42,6 +42,7 @@ from tgictl.runtime.profile.hardware import (
     lookup_card_flops,
 )
 from tgictl.runtime.profile.measure import MeasureSettings, compare, measure
+from tgictl.runtime.profile.replicas import replica_budgets
 from tgictl.units import parse_size
 
 
@@ -152,6 +153,14 @@ def render_report(report: dict[str, Any], console: Console | None = None) -> Non
             )
             table.add_row(name, estimate, Text(measured) + Text("\n" + figure["source"], style="dim"))
         console.print(table)
+    for row in report.get("replicas", ()):
+        table = Table(title=f"Replica {row['replica']} (cores {row['cpus']}): its budgets", show_lines=True)
+        table.add_column("figure", no_wrap=True)
+        table.add_column("value and where it comes from", overflow="fold")
+        for name, figure in row["budgets"].items():
+            if name != "problems":
+                table.add_row(name, Text(_format(name, figure["value"])) + Text("\n" + figure["source"], style="dim"))
+        console.print(table)
     for problem in report["problems"]:
         console.print(f"[bold red]problem:[/] {problem}")
 
@@ -220,6 +229,12 @@ def profile(
     cuda_memory_fraction: float = typer.Option(1.0, "--cuda-memory-fraction", help="Share of each GPU to use."),
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
+    replicas: int = typer.Option(
+        1, "--replicas", help="Show each replica's budgets for `tgictl launch --replicas N` (its own cores)."
+    ),
+    replica_cpus: Optional[list[str]] = typer.Option(
+        None, "--replica-cpus", show_default=False, help="As `tgictl launch --replica-cpus` (one per replica)."
+    ),
     run_measure: bool = typer.Option(
         False, "--measure",
         help="Also load the model here as one shard, run the router's warmup probe and show the measured "
@@ -252,6 +267,11 @@ def profile(
     hardware = discover_hardware(visible_gpus=visible_gpus)
     budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length, _gguf_tensor_bytes(model_dir, settings))
     report = profile_report(model_id, model_dir, shape, hardware, budgets)
+    if replicas > 1:
+        rows, problems = replica_budgets(shape, hardware, settings, replicas, replica_cpus or (),
+                                         tokenizer_max_length, _gguf_tensor_bytes(model_dir, settings))
+        report["replicas"] = rows
+        report["problems"] += problems
     measure_error: TgictlError | None = None
     if run_measure:
         try:
@@ -265,8 +285,8 @@ def profile(
         render_report(report)
     if measure_error is not None:
         raise measure_error
-    if budgets.problems:  # the figures are printed; the exit code says this setup would not start
-        raise ConfigError(f"this configuration would not start: {'; '.join(budgets.problems)}")
+    if report["problems"]:  # the figures are printed; the exit code says this setup would not start
+        raise ConfigError(f"this configuration would not start: {'; '.join(report['problems'])}")
 
 
 def register(app: typer.Typer) -> None:

@@ -106,6 +106,18 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         None, "--otlp-endpoint", show_default=False,
         help="Send OpenTelemetry traces to this OTLP/gRPC collector, e.g. http://127.0.0.1:4317.",
     )),
+    ("kv_events_endpoint", Optional[str], typer.Option(
+        None, "--kv-events-endpoint", show_default=False,
+        help="Publish KV cache events (vLLM's format) on this ZMQ endpoint: tcp://*:5557 binds, tcp://HOST:PORT "
+        "connects to a consumer. Needs pip install 'tgictl\\[kv-events]'.",
+    )),
+    ("kv_events_replay_endpoint", Optional[str], typer.Option(
+        None, "--kv-events-replay-endpoint", show_default=False,
+        help="Answer replay requests for missed KV event batches here (e.g. tcp://*:5558).",
+    )),
+    ("kv_events_topic", str, typer.Option(
+        _DEFAULTS["kv_events_topic"], "--kv-events-topic", help="The ZMQ topic of the KV events (vLLM's default: none).",
+    )),
     ("otlp_service_name", str, typer.Option(
         _DEFAULTS["otlp_service_name"], "--otlp-service-name",
         help="The router's service name in traces (launch: the shards get NAME.shard, '.router' dropped).",

@@ -30,7 +30,9 @@ from tgictl.runtime.router.adapters import AdapterClient, AdapterSlots, RuntimeA
 from tgictl.runtime.router.gateway_metrics import GatewaySources, kv_usage_fraction, register_gateway_gauges
 from tgictl.runtime.router.guided.grammars import GrammarValidator
 from tgictl.runtime.router.health import HealthChecker
+from tgictl.runtime.router.kv.cache_events import KvEventLog
 from tgictl.runtime.router.kv.prefix_allocator import create_allocator
+from tgictl.runtime.router.kv_event_publisher import KvEventPublisher
 from tgictl.runtime.router.metered_client import MeteredClient
 from tgictl.runtime.router.metrics import RouterMetrics
 from tgictl.runtime.router.request import EndEvent, StreamEvent, ValidatedRequest
@@ -149,7 +151,14 @@ class RouterService:
         )
         # The router owns the prefix cache; the shard only says whether it can compute from a cached prefix.
         self.prefix_caching = config.prefix_caching and info.use_prefix_caching
-        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching)
+        self.kv_events: KvEventPublisher | None = None
+        cache_events = None
+        if config.kv_events_endpoint is not None and self.prefix_caching:
+            self.kv_events = KvEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint,
+                                              config.kv_events_topic)
+            cache_events = KvEventLog(info.block_size, self.kv_events.publish)
+            cache_events.cleared()  # a (re)started replica holds nothing: consumers drop what they knew of it
+        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching, cache_events)
         self.queue = Queue(self.allocator, block_size=info.block_size)
         step_client: ShardClient = MeteredClient(client, self.metrics)
         if config.otlp_endpoint is not None:
@@ -366,4 +375,6 @@ class RouterService:
                 pass
             self._batcher_task = None
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.kv_events is not None:
+            self.kv_events.close()
         await self._client.close()

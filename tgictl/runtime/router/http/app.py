@@ -30,6 +30,7 @@ from tgictl.runtime.router.http.error_shapes import shape_for
 from tgictl.runtime.router.http.responses import error_response
 from tgictl.runtime.router.http.routes_openai import openai_router
 from tgictl.runtime.router.http.routes_tgi import tgi_router
+from tgictl.runtime.router.http.worker_contract import worker_router
 from tgictl.runtime.router.service import RouterService
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ def create_app(service: RouterService) -> FastAPI:
     app.include_router(responses_router(service, auth))
     if config.allow_lora_loading:
         app.include_router(adapter_router(service, auth))
+    app.include_router(worker_router(service, auth))
     app.add_middleware(BodyGuard, limit=config.payload_limit, timeout_s=config.http_body_timeout_s)
     if config.otlp_endpoint is not None:
         app.add_middleware(RequestSpans)
