@@ -40,6 +40,9 @@ class RopeConfig:
     attention_factor: float | None = None  # yarn, longrope
     long_factor: tuple[float, ...] | None = None  # longrope
     short_factor: tuple[float, ...] | None = None  # longrope
+    # default: one divisor per frequency, llama.cpp's `rope_freqs` tensor (its form of Llama 3's llama3 scaling);
+    # tgictl's own key, written only into the configs of GGUF files (model_files/gguf_config.py)
+    frequency_divisors: tuple[float, ...] | None = None
 
 
 def parse_rope(config: Mapping[str, Any], rotary_dim: int, max_positions: int,
@@ -73,6 +76,10 @@ def parse_rope(config: Mapping[str, Any], rotary_dim: int, max_positions: int,
         for key, value in factors.items():
             if not isinstance(value, list) or len(value) != rotary_dim // 2:
                 raise ConfigError(f"rope type 'longrope' needs '{key}' as a list of {rotary_dim // 2} numbers")
+    divisors = params.get("frequency_divisors")
+    if divisors is not None and (rope_type != "default" or not isinstance(divisors, list)
+                                 or len(divisors) != rotary_dim // 2):
+        raise ConfigError(f"frequency_divisors must be a list of {rotary_dim // 2} numbers of the default rope type")
     return RopeConfig(
         rope_type=rope_type,
         theta=theta,
@@ -88,4 +95,5 @@ def parse_rope(config: Mapping[str, Any], rotary_dim: int, max_positions: int,
         attention_factor=number("attention_factor"),
         long_factor=None if factors["long_factor"] is None else tuple(float(x) for x in factors["long_factor"]),
         short_factor=None if factors["short_factor"] is None else tuple(float(x) for x in factors["short_factor"]),
+        frequency_divisors=None if divisors is None else tuple(float(x) for x in divisors),
     )

@@ -131,7 +131,10 @@ class Frequencies:
 
 
 def _default(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
-    return Frequencies(default_inv_freq(rope.theta, dim))
+    inv_freq = default_inv_freq(rope.theta, dim)
+    if rope.frequency_divisors is not None:  # llama.cpp's rope_freqs (a GGUF's Llama 3 scaling)
+        inv_freq = inv_freq / torch.tensor(rope.frequency_divisors, dtype=torch.float32)
+    return Frequencies(inv_freq)
 
 
 def _linear(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
