@@ -110,3 +110,19 @@ def test_every_family_parses_its_transformers_defaults() -> None:
     """A config with only model_type (transformers' class defaults for the rest) gives one layer spec per layer."""
     for model_type in FAMILIES:
         assert len(spec(model_type, sliding_window=64).layers) == DIMS.num_layers
+
+
+def test_the_lists_of_families_agree() -> None:
+    """families.FAMILIES is the one list: the registry, the tiny test models, the GGUF paths follow it."""
+    import gguf
+
+    from tgictl.runtime.model_files.gguf_model import served_architectures
+    from tgictl.runtime.shard.models.registry import MODEL_FAMILIES
+    from tgictl.testing import tiny_gguf, tiny_models
+
+    assert set(MODEL_FAMILIES) == set(FAMILIES) == set(tiny_models.FAMILIES)
+    assert {family.model_type for family in tiny_models.FAMILIES.values()} == set(FAMILIES)
+    architectures = {family.gguf_architecture for family in FAMILIES.values()}
+    assert architectures <= set(gguf.MODEL_ARCH_NAMES.values())  # names llama.cpp's converter writes
+    assert set(served_architectures()) == set(tiny_gguf.ARCHITECTURES.values()) <= architectures
+    assert all(FAMILIES[family].gguf_architecture == arch for family, arch in tiny_gguf.ARCHITECTURES.items())
