@@ -60,7 +60,8 @@ def _stop(process: subprocess.Popen[bytes], grace_s: float) -> None:
 
 @contextmanager
 def managed_server(name: str, command: Sequence[str], health_url: str, env: dict[str, str] | None = None,
-                   ready_timeout_s: float = 600.0, grace_s: float = 60.0) -> Iterator[subprocess.Popen[bytes]]:
+                   ready_timeout_s: float = 600.0, grace_s: float = 60.0,
+                   cwd: Path = REPO_ROOT) -> Iterator[subprocess.Popen[bytes]]:
     """Run `command` until the block ends; yields its process (the leader of its group) once GET
     `health_url` answers 200.
 
@@ -68,7 +69,7 @@ def managed_server(name: str, command: Sequence[str], health_url: str, env: dict
     """
     previous = {s: signal.signal(s, _exit_on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                start_new_session=True)
     ok = False
     try:

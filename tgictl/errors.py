@@ -166,5 +166,8 @@ class ChildFailedError(TgictlError):
 
 
 class UnhealthyError(TgictlError):
+    """A health check that fails. Over gRPC UNAVAILABLE: reporting it never stops the shard."""
+
     http_status = 503
     error_type = "healthcheck"
+    grpc_status = "UNAVAILABLE"

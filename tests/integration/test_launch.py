@@ -25,6 +25,8 @@ import httpx
 import pytest
 from launch_procs import REPO_ROOT, LaunchProc, hub_cache_holding, start_launch
 
+from tgictl.runtime.launcher.plan import free_port
+
 HUB_ID = "tgictl-test/tiny-llama"
 API_KEY = "launch-s3cret-key"
 PROMPTS = ("hello world", "the quick brown fox", "a b c d e f g")
@@ -209,7 +211,7 @@ def test_heads_that_cannot_be_split_fail_before_any_process_starts(tiny_model_di
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, "-m", "tgictl", "--log-level", "warning", "launch", "--model-id", str(tiny_model_dir),
-         "--num-shard", "5"],
+         "--num-shard", "5", "--port", str(free_port())],  # a free port: the port is checked first
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2

@@ -13,6 +13,7 @@ import typer
 
 from tgictl.commands import speculation_options as spec
 from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
+from tgictl.commands.health_option import HEALTH_STEP_TIMEOUT_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig, parse_lora_adapters
@@ -43,6 +44,7 @@ def launch(
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     batch_invariant: bool = BATCH_INVARIANT_OPTION,
+    health_step_timeout: float = HEALTH_STEP_TIMEOUT_OPTION,
     shard_uds_path: Optional[Path] = typer.Option(
         None, "--shard-uds-path", show_default=False,
         help="Socket base path; shard r listens on BASE-r (default: a fresh private directory in /tmp, "
@@ -87,6 +89,7 @@ def launch(
             speculate, speculate_ngram_min, speculate_ngram_max, speculate_max_batch, env
         ),
         lora_adapters=parse_lora_adapters(lora_adapters if lora_adapters is not None else env.lora_adapters),
+        health_step_timeout_s=health_step_timeout,
     )
     log_config = ctx.obj if isinstance(ctx.obj, LogConfig) else LogConfig()
     # The children start from this process's environment (cli.py exported the logging setup into it).

@@ -86,6 +86,19 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("payload_limit", int, typer.Option(
         _DEFAULTS["payload_limit"], "--payload-limit", help="Largest request body in bytes."
     )),
+    ("http_header_timeout_s", float, typer.Option(
+        _DEFAULTS["http_header_timeout_s"], "--http-header-timeout",
+        help="Seconds a client has to send a request's headers (from its connection, or its previous "
+        "response); then the connection is closed.",
+    )),
+    ("http_body_timeout_s", float, typer.Option(
+        _DEFAULTS["http_body_timeout_s"], "--http-body-timeout",
+        help="Seconds a client has to send a request's whole body once its headers arrived (else 408).",
+    )),
+    ("max_connections", int, typer.Option(
+        _DEFAULTS["max_connections"], "--max-connections",
+        help="Open HTTP connections at most; a new one beyond is answered 503 and closed.",
+    )),
     ("validation_workers", int, typer.Option(
         _DEFAULTS["validation_workers"], "--validation-workers", help="Tokenizer threads."
     )),

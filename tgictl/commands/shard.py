@@ -14,6 +14,7 @@ import typer
 
 from tgictl.commands import speculation_options as spec
 from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
+from tgictl.commands.health_option import HEALTH_STEP_TIMEOUT_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.config import (
     DEFAULT_MODEL_ID,
@@ -62,6 +63,7 @@ def shard(
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     batch_invariant: bool = BATCH_INVARIANT_OPTION,
+    health_step_timeout: float = HEALTH_STEP_TIMEOUT_OPTION,
     lora_adapters: Optional[str] = typer.Option(
         None, "--lora-adapters", show_default=False,
         help="LoRA adapters to serve beside the model: name=PATH (a PEFT directory) or a hub id[@revision], "
@@ -88,6 +90,7 @@ def shard(
             speculate, speculate_ngram_min, speculate_ngram_max, speculate_max_batch, env
         ),
         lora_adapters=parse_lora_adapters(lora_adapters if lora_adapters is not None else env.lora_adapters),
+        health_step_timeout_s=health_step_timeout,
     )
     from tgictl.runtime.shard.server import (
         serve,  # torch loads only once the flags are known good

@@ -185,7 +185,8 @@ class FakeServiceClient:
     info_reply: Info = field(default_factory=fake_info)
     supported_tokens: int = 4096
     step_delay_s: float = 0.0  # slows every Prefill/Decode, so tests can act mid-generation
-    healthy: bool = True
+    healthy: bool = True  # False: the Health RPC and the probe forward fail
+    probes_fail: bool = False  # True: only the probe forward fails (the ranks are alive)
     warmups: list[WarmupRequest] = field(default_factory=list)
     probes: list[Batch] = field(default_factory=list)
     closed: bool = False
@@ -207,7 +208,7 @@ class FakeServiceClient:
     ) -> StepResult:
         if batch.id == 2**64 - 1:  # the health probe
             self.probes.append(batch)
-            if not self.healthy:
+            if not self.healthy or self.probes_fail:
                 raise GenerationError("probe failed")
             return await self.shard.prefill(batch, None)
         await asyncio.sleep(self.step_delay_s)

@@ -108,3 +108,30 @@ REGEXES: dict[str, tuple[str, str]] = {
     "choice": (r"(yes|no|maybe)", "maybe"),
     "email": (r"[a-z]{1,10}@[a-z]{1,10}\.(com|org)", "ada@lovelace.org"),
 }
+
+# Schemas that compile but that the grammar engine cannot follow (found by a hostile client): each trips one of
+# llguidance's parser limits, or allows no token at all, within its first steps. The router refuses them at
+# validation (router/guided/grammar_probe.py); the shard ends just their request if one reaches it.
+HOSTILE_SCHEMAS: dict[str, dict[str, Any]] = {
+    # a row of ~12,000 Earley items at the first key; the limit is 2,000
+    "optional_properties": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}},
+    "many_alternatives": {"anyOf": [
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]} for i in range(3000)
+    ]},
+    # no finite instance: a required property that is the whole schema again (over 50,000 items)
+    "required_recursion": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    "self_reference": {"$ref": "#"},  # allows no first token
+}
+
+# Passes the validation probe (its first steps are a short free string) and trips the parser's row limit a few
+# tokens later, at the inner object of 3,000 optional properties: what only the shard can catch, which then
+# ends just this request (Generation.error).
+LATE_FAILING_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "string", "maxLength": 3},
+        "b": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from tgictl.config import (
+    DEFAULT_HEALTH_STEP_TIMEOUT_S,
     LaunchConfig,
     LogConfig,
     RouterConfig,
@@ -53,6 +54,9 @@ ROUTER_FLAGS: dict[str, str] = {
     "api_key": "--api-key",
     "cors_allow_origin": "--cors-allow-origin",
     "payload_limit": "--payload-limit",
+    "http_header_timeout_s": "--http-header-timeout",
+    "http_body_timeout_s": "--http-body-timeout",
+    "max_connections": "--max-connections",
     "validation_workers": "--validation-workers",
     "otlp_endpoint": "--otlp-endpoint",
     "otlp_service_name": "--otlp-service-name",
@@ -129,6 +133,8 @@ def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[st
                  "--otlp-service-name", shard_service_name(config.router.otlp_service_name)]
     if config.batch_invariant:
         argv.append("--batch-invariant")
+    if config.health_step_timeout_s != DEFAULT_HEALTH_STEP_TIMEOUT_S:
+        argv += ["--health-step-timeout", str(config.health_step_timeout_s)]
     if config.quantize is not None:
         argv += ["--quantize", config.quantize.method]
         if config.quantize.method == "int4":

@@ -1,5 +1,6 @@
-"""/health semantics (TGI's router/src/server.rs `health`): the cheap shard Health RPC while all is well; after a generation
-error, a real one-token forward on the reserved block 0 until one succeeds."""
+"""/health semantics (TGI's router/src/server.rs `health`, without its waits): every rank's Health RPC, answered from
+the shard's state; after a generation error, also a real one-token forward on the reserved block 0 until one
+succeeds, run only while no step is running (docs/architecture.md, "Health")."""
 
 from __future__ import annotations
 
@@ -61,13 +62,18 @@ class HealthChecker:
         self.healthy = False
 
     async def check(self) -> None:
-        """Raise UnhealthyError unless the shards answer (and, after an error, can compute)."""
+        """Raise UnhealthyError unless every rank is alive and, after a failed step, the shards can compute.
+
+        Never waits for a step (docs/architecture.md, "Health"): the ranks answer Health from their state,
+        and the probe forward that follows a failed step runs only while the batching loop is idle. While
+        it runs steps, the loop itself is the proof that the shards compute; a busy server is a healthy one.
+        """
         async with self._lock:
             try:
-                if self.healthy:
-                    await self._client.health()
+                await self._client.health()
+                if self.healthy or self._forward_lock.locked():
                     return
-                async with self._forward_lock:
+                async with self._forward_lock:  # free, so taken at once: no step is waited for
                     result = await self._client.prefill(probe_batch(self._probe_token_id), None)
                     if result.batch is not None:  # max_new_tokens=1 ends it, but never leave it behind
                         await self._client.clear_cache(HEALTH_BATCH_ID)

@@ -141,7 +141,7 @@ async def _serve_grpc(
     # Test-only fault injection (TGICTL_FAULT_INJECT); inert when unset.
     faults = StepFaults(read_env().fault_injection)
     servicer = ShardServicer(runtime, config.urls, worker=worker, on_fatal=on_fatal, faults=faults,
-                             lookahead=read_env().lookahead)
+                             lookahead=read_env().lookahead, health_step_timeout_s=config.health_step_timeout_s)
     server = grpc.aio.server(options=_SERVER_OPTIONS)
     add_TextGenerationServiceServicer_to_server(servicer, server)
     temporary = socket_path.with_name(f"{socket_path.name}.{os.getpid()}.tmp")

@@ -32,6 +32,7 @@ import grpc
 import grpc.aio
 import torch
 
+from tgictl.config import DEFAULT_HEALTH_STEP_TIMEOUT_S
 from tgictl.errors import InvalidRequestError, TgictlError, UnhealthyError, bounded
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
@@ -68,22 +69,27 @@ class DeviceWorker:
         self._pending: dict[Future[Any], str] = {}  # job → its name
         self._abandoned: set[Future[Any]] = set()  # jobs nobody waits for: their RPC's client gave up, or posted
         self._closed = False
+        # The job on the device thread now and when it started (one tuple, swapped whole: read from the event
+        # loop's thread without a lock); None while the thread waits for work.
+        self._running: tuple[str, float] | None = None
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the device thread and wait for it (before the event loop serves: loading)."""
-        return self._pool.submit(fn, *args).result()
+        return self._pool.submit(self._timed, getattr(fn, "__name__", "job"), fn, *args).result()
 
     def post(self, fn: Callable[..., Any], *args: Any, name: str = "") -> None:
         """Queue `fn(*args)` after the jobs already queued, with nobody waiting for it (a device job posts the
         look-ahead step this way, so it runs before any later RPC's job). `fn` reports its own failures."""
-        future = self._pool.submit(fn, *args)
-        self._pending[future] = name or getattr(fn, "__name__", "job")
+        name = name or getattr(fn, "__name__", "job")
+        future = self._pool.submit(self._timed, name, fn, *args)
+        self._pending[future] = name
         self._abandoned.add(future)
         future.add_done_callback(self._forget)
 
     async def run(self, fn: Callable[..., T], *args: Any, name: str = "") -> T:
-        future = self._pool.submit(fn, *args)
-        self._pending[future] = name or getattr(fn, "__name__", "job")
+        name = name or getattr(fn, "__name__", "job")
+        future = self._pool.submit(self._timed, name, fn, *args)
+        self._pending[future] = name
         future.add_done_callback(self._forget)
         result = asyncio.wrap_future(future)
         # Retrieved even when nobody awaits it any more (the job's own error handling reported it).
@@ -95,6 +101,18 @@ class DeviceWorker:
         except asyncio.CancelledError:
             self._abandoned.add(future)
             raise
+
+    def _timed(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        self._running = (name, time.monotonic())
+        try:
+            return fn(*args)
+        finally:
+            self._running = None
+
+    def running(self) -> tuple[str, float] | None:
+        """The job the device thread runs now and for how many seconds; None while it waits for work."""
+        running = self._running
+        return None if running is None else (running[0], time.monotonic() - running[1])
 
     def _forget(self, future: Future[Any]) -> None:
         self._pending.pop(future, None)
@@ -176,6 +194,7 @@ class ShardServicer(TextGenerationServiceServicer):
         faults: StepFaults | None = None,
         lookahead: bool = True,
         idle_trim_delay_s: float = IDLE_TRIM_DELAY_S,
+        health_step_timeout_s: float = DEFAULT_HEALTH_STEP_TIMEOUT_S,
     ) -> None:
         self.runtime = runtime
         self.store = BatchStore()
@@ -188,6 +207,7 @@ class ShardServicer(TextGenerationServiceServicer):
         self._urls = convert.service_discovery_response_to_pb(list(urls))
         self._loop: asyncio.AbstractEventLoop | None = None  # the RPCs' loop, for failures of posted jobs
         self._idle_trim_delay_s = idle_trim_delay_s
+        self._health_step_timeout_s = health_step_timeout_s
         self._last_step_end = time.monotonic()  # written on the device thread after every step
 
     def fail(self, message: str) -> None:
@@ -230,7 +250,16 @@ class ShardServicer(TextGenerationServiceServicer):
 
     @_rpc
     async def Health(self, request: pb.HealthRequest) -> pb.HealthResponse:
-        await self._on_device(self._health)
+        """Liveness from the shard's state, answered on the event loop: it never waits behind a step (a busy
+        shard is a healthy one). Unhealthy once a fatal error stopped it (`_rpc` answers UNAVAILABLE) or one
+        device job has run longer than --health-step-timeout (a hung device or collective)."""
+        running = self.worker.running()
+        if running is not None and running[1] > self._health_step_timeout_s:
+            name, seconds = running
+            raise UnhealthyError(
+                f"the device thread has run one job ({name}) for {seconds:.0f} s, more than --health-step-timeout "
+                f"{self._health_step_timeout_s:g} s"
+            )
         return pb.HealthResponse()
 
     @_rpc
@@ -277,17 +306,6 @@ class ShardServicer(TextGenerationServiceServicer):
             self.worker.post(self._trim_if_idle, name="heap trim")
 
     # --- jobs on the device worker ---------------------------------------------------------------
-
-    def _health(self) -> None:
-        if self.runtime.dist.is_sharded:
-            # The probe forward runs collectives, and the router's Health calls are not ordered with
-            # its Prefill/Decode calls across ranks: a probe interleaved differently on two ranks would
-            # pair the wrong collectives. A rank-local computation on the device proves liveness.
-            x = torch.ones((2, 2), dtype=torch.float32, device=self.runtime.device)
-            if float((x @ x).sum().item()) != 8.0:
-                raise UnhealthyError(f"device {self.runtime.device} computed a wrong 2x2 product")
-            return
-        self.runtime.health()  # a real one-token forward on block 0 (reserved for probes)
 
     def _clear_cache(self, batch_id: int | None) -> None:
         dropped = self.ahead.drop(batch_id)  # its batch may have finished in the kept step

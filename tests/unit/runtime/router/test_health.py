@@ -1,4 +1,5 @@
-"""/health: the cheap Health RPC while healthy; after a generation error, a real forward on block 0."""
+"""/health: the ranks' Health RPC; after a generation error, a real forward on block 0, never beside a step and
+never waiting for one."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ def test_cheap_check_then_probe_after_an_error() -> None:
         await checker.check()
         assert client.probes == []  # healthy: only the Health RPC
         checker.mark_unhealthy(GenerationError("boom"))
-        client.healthy = False
+        client.probes_fail = True
         with pytest.raises(UnhealthyError):
             await checker.check()
         assert len(client.probes) == 1 and not checker.healthy
-        client.healthy = True
+        client.probes_fail = False
         await checker.check()  # the probe forward succeeds: healthy again
         assert len(client.probes) == 2 and checker.healthy
         await checker.check()
@@ -78,7 +79,8 @@ class TimedClient(FakeServiceClient):
 
 def test_the_probe_forward_never_runs_beside_a_batch_step(tiny_tokenizer_dir) -> None:  # type: ignore[no-untyped-def]
     """With several ranks, a probe Prefill sent while a Decode runs could reach the ranks in different
-    orders and desynchronise their collectives: probes wait for the step to end."""
+    orders and desynchronise their collectives: a probe runs only between steps (else the running loop
+    itself proves the shards compute), and one runs once the loop is idle."""
     from tgictl.config import RouterConfig
     from tgictl.runtime.router.service import RouterService
     from tgictl.runtime.router.validation import GenerationInput
@@ -98,6 +100,9 @@ def test_the_probe_forward_never_runs_beside_a_batch_step(tiny_tokenizer_dir) ->
                 await asyncio.sleep(0.004)
             await consumer
             admission.release()
+            service.health.mark_unhealthy(GenerationError("boom"))
+            await service.check_health()  # idle: the probe forward runs
+            assert service.health.healthy
         finally:
             await service.close()
         return client.forwards
@@ -105,7 +110,7 @@ def test_the_probe_forward_never_runs_beside_a_batch_step(tiny_tokenizer_dir) ->
     forwards = asyncio.run(scenario())
     probes = [f for f in forwards if f[0] == "probe"]
     steps = [f for f in forwards if f[0] == "step"]
-    assert len(probes) == 8 and len(steps) >= 30
+    assert 1 <= len(probes) <= 9 and len(steps) >= 30
     overlaps = [(p, s) for p in probes for s in steps if p[1] < s[2] and s[1] < p[2]]
     assert overlaps == []
 
@@ -113,3 +118,46 @@ def test_the_probe_forward_never_runs_beside_a_batch_step(tiny_tokenizer_dir) ->
 async def _drain(stream) -> None:  # type: ignore[no-untyped-def]
     async for _ in stream:
         pass
+
+
+def test_health_never_waits_for_a_step(tiny_tokenizer_dir) -> None:  # type: ignore[no-untyped-def]
+    """A step that runs for as long as it likes (a long prefill): /health answers meanwhile, flagged or not,
+    and never 503 while the ranks are alive."""
+    from tgictl.config import RouterConfig
+    from tgictl.runtime.router.service import RouterService
+    from tgictl.runtime.router.validation import GenerationInput
+
+    class BlockingClient(FakeServiceClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step_started = asyncio.Event()
+            self.release = asyncio.Event()
+
+        async def prefill(self, batch, cached, max_prefill_tokens=None):  # type: ignore[no-untyped-def]
+            if batch.id != HEALTH_BATCH_ID:
+                self.step_started.set()
+                await self.release.wait()
+            return await super().prefill(batch, cached, max_prefill_tokens)
+
+    async def scenario() -> None:
+        client = BlockingClient()
+        config = RouterConfig(master_shard_uds_path="/tmp/x-0", tokenizer_name="m")
+        service = await RouterService.start(config, tiny_tokenizer_dir, client, "tiny")
+        try:
+            admission = service.admit()
+            validated = await service.validate(admission, GenerationInput(inputs="hello", max_new_tokens=3))
+            consumer = asyncio.ensure_future(_drain(service.stream(admission, validated)))
+            await client.step_started.wait()
+            await asyncio.wait_for(service.check_health(), timeout=5)
+            service.health.mark_unhealthy(GenerationError("an earlier step failed"))
+            await asyncio.wait_for(service.check_health(), timeout=5)  # no probe beside the step, no wait
+            assert not client.release.is_set() and client.probes == []
+            client.release.set()
+            await consumer
+            admission.release()
+            await service.check_health()  # idle now: the probe forward runs and clears the flag
+            assert len(client.probes) == 1 and service.health.healthy
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())

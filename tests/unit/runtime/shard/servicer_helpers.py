@@ -37,12 +37,13 @@ def _warmup() -> WarmupRequest:
 
 @asynccontextmanager
 async def serving(
-    model_dir: Path, path: Path, fatal: list[str], lookahead: bool = True, idle_trim_delay_s: float = 60.0
+    model_dir: Path, path: Path, fatal: list[str], lookahead: bool = True, idle_trim_delay_s: float = 60.0,
+    health_step_timeout_s: float = 300.0,
 ) -> AsyncIterator[tuple[TextGenerationServiceStub, ShardServicer]]:
     runtime = ShardRuntime.load(model_dir, "float32", "cpu", DistContext.single(), kv_cache_memory=4 << 20)
     worker = DeviceWorker()
     servicer = ShardServicer(runtime, [f"unix://{path}"], worker=worker, on_fatal=fatal.append, lookahead=lookahead,
-                              idle_trim_delay_s=idle_trim_delay_s)
+                              idle_trim_delay_s=idle_trim_delay_s, health_step_timeout_s=health_step_timeout_s)
     server = grpc.aio.server()
     add_TextGenerationServiceServicer_to_server(servicer, server)
     server.add_insecure_port(f"unix:{path}")

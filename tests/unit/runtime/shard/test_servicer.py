@@ -8,6 +8,7 @@ failure into INTERNAL, reports it once, and refuses every later RPC.
 from __future__ import annotations
 
 import asyncio
+import threading
 import re
 from pathlib import Path
 
@@ -56,8 +57,9 @@ def test_an_unexpected_failure_is_internal_reported_once_and_stops_service(
     async def body() -> None:
         async with serving(tiny_model_dir, tmp_path / "s", fatal) as (stub, servicer):
             servicer.runtime.runner.kv_cache = None  # type: ignore[assignment]  # the device state is gone
+            step = convert.prefill_request_to_pb(PrefillRequest(Batch(7, (paged_request(7, 1, (3, 60, 4)),))))
             with pytest.raises(grpc.aio.AioRpcError) as failure:
-                await stub.Health(pb.HealthRequest())
+                await stub.Prefill(step)
             assert failure.value.code() == grpc.StatusCode.INTERNAL
             assert failure.value.details().startswith("AttributeError: ")
             for call in (stub.Info(pb.InfoRequest()), stub.Health(pb.HealthRequest())):
@@ -68,6 +70,34 @@ def test_an_unexpected_failure_is_internal_reported_once_and_stops_service(
 
     asyncio.run(body())
     assert len(fatal) == 1 and fatal[0].startswith("AttributeError: ")
+
+
+def test_health_answers_from_state_without_waiting_for_the_device_thread(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A busy shard is healthy: Health answers while a device job still runs. One job running longer than
+    --health-step-timeout (a hung step) is UNAVAILABLE, naming it, and reporting it stops nothing."""
+    fatal: list[str] = []
+    release = threading.Event()
+
+    async def body() -> None:
+        async with serving(tiny_model_dir, tmp_path / "s", fatal, health_step_timeout_s=0.2) as (stub, servicer):
+            servicer.worker.post(release.wait, 60.0, name="a long step")
+            while servicer.worker.running() is None:
+                await asyncio.sleep(0.01)
+            assert await stub.Health(pb.HealthRequest()) == pb.HealthResponse()  # before the bound: healthy
+            assert not release.is_set()  # it answered while the job still held the device thread
+            while servicer.worker.running()[1] <= 0.2:  # type: ignore[index]
+                await asyncio.sleep(0.02)
+            with pytest.raises(grpc.aio.AioRpcError) as stalled:
+                await stub.Health(pb.HealthRequest())
+            assert stalled.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "(a long step)" in stalled.value.details() and "--health-step-timeout" in stalled.value.details()
+            release.set()
+            while servicer.worker.running() is not None:
+                await asyncio.sleep(0.01)
+            assert await stub.Health(pb.HealthRequest()) == pb.HealthResponse()
+
+    asyncio.run(body())
+    assert fatal == []
 
 
 def test_an_invalid_request_is_not_fatal(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Every form a client can ask for — TGI's `parameters.grammar` (json, json_object, json_schema,
 regex), OpenAI's `response_format`, and the tool grammar — becomes one llguidance grammar text here,
-checked against the model's vocabulary, so a bad schema or regex is a 422 naming the problem and the
-shard only ever receives grammars it can follow. Results (errors included) are cached by the
+checked against the model's vocabulary and walked through its first steps (grammar_probe.py), so a bad
+schema or regex, or one past the engine's limits, is a 422 naming the problem. Results (errors included) are cached by the
 grammar's text: a schema sent with every request is compiled once.
 """
 
@@ -21,6 +21,7 @@ import llguidance
 from tgictl.errors import ValidationError
 from tgictl.proto.messages import Grammar, GrammarType
 from tgictl.runtime.guidance import grammar_error, json_schema_grammar, lark_grammar, load_tokenizer, regex_grammar
+from tgictl.runtime.router.guided.grammar_probe import probe_error
 
 GrammarKind = Literal["json", "regex", "lark"]
 
@@ -114,7 +115,7 @@ class GrammarValidator:
                 text = lark_grammar(request.value)
         except (ValueError, TypeError) as err:  # llguidance's own parse errors
             return _one_line(str(err))
-        error = grammar_error(text, self.tokenizer)
+        error = grammar_error(text, self.tokenizer) or probe_error(text, self.tokenizer)
         if error is not None:
             return _one_line(error)
         return Grammar(type=GrammarType.LLGUIDANCE, value=text)

@@ -9,6 +9,7 @@ never a 500 for a client's mistake.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from typing import Any
@@ -63,13 +64,20 @@ class HttpError(TgictlError):
         self.error_type = {404: "not_found", 405: "method_not_allowed"}.get(status, "http")
 
 
-class BodyGuard:
-    """Pure ASGI middleware in front of the app: POST bodies must be JSON (415) and at most
-    `limit` bytes (413), checked on Content-Length and again on the bytes actually received."""
+class RequestTimeoutError(TgictlError):
+    http_status = 408
+    error_type = "request_timeout"
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+
+class BodyGuard:
+    """Pure ASGI middleware in front of the app: POST bodies must be JSON (415), at most `limit` bytes (413),
+    checked on Content-Length and again on the bytes actually received, and whole within `timeout_s` seconds of
+    the headers (408: a client sending a byte a second must not hold a connection and a task for ever)."""
+
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -92,8 +100,14 @@ class BodyGuard:
         # Read the body here (bounded) and replay it, so a chunked upload cannot exceed the limit either.
         chunks: list[bytes] = []
         size = 0
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                late = RequestTimeoutError(f"Request timeout: the body must arrive within {self.timeout_s:g} s")
+                await error_response(late, shape)(scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
@@ -175,7 +189,7 @@ def create_app(service: RouterService) -> FastAPI:
 
     app.include_router(tgi_router(service, auth))
     app.include_router(openai_router(service, auth))
-    app.add_middleware(BodyGuard, limit=config.payload_limit)
+    app.add_middleware(BodyGuard, limit=config.payload_limit, timeout_s=config.http_body_timeout_s)
     if config.otlp_endpoint is not None:
         app.add_middleware(RequestSpans)
     app.add_middleware(

@@ -16,6 +16,7 @@ from tgictl.config import RouterConfig
 from tgictl.tracing import configure_tracing, shutdown_tracing
 from tgictl.runtime.model_files.resolve import resolve_model
 from tgictl.runtime.router.http.app import create_app
+from tgictl.runtime.router.http.connection_guard import guarded_protocol
 from tgictl.runtime.router.service import RouterService
 from tgictl.runtime.router.shard_client import ShardedClient
 
@@ -101,6 +102,7 @@ async def serve(config: RouterConfig, model_dir: Path, model_id: str) -> None:
             lifespan="off",
             timeout_graceful_shutdown=5,  # the service drained already
             access_log=False,
+            http=guarded_protocol(config.http_header_timeout_s, config.max_connections),
         )
         log.info("router listening on http://%s:%d", config.hostname, config.port)
         await GracefulServer(uv_config, service).serve()

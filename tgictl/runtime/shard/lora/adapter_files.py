@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from tgictl.errors import ConfigError
@@ -78,7 +78,9 @@ def _read_config(name: str, path: Path) -> dict[str, Any]:
         config = json.loads((path / ADAPTER_CONFIG).read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"LoRA adapter {name!r}: cannot read {path / ADAPTER_CONFIG}: {err}") from None
-    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+    if not isinstance(config, dict):
+        raise ConfigError(f"LoRA adapter {name!r}: {ADAPTER_CONFIG} is not a JSON object (a {type(config).__name__})")
+    if config.get("peft_type", "LORA") != "LORA":
         raise ConfigError(f"LoRA adapter {name!r}: {ADAPTER_CONFIG} is not a LoRA config (peft_type {config.get('peft_type')!r})")
     for key, default in _REQUIRED_DEFAULTS.items():
         value = config.get(key, default)
@@ -115,7 +117,7 @@ def read_adapter(name: str, path: Path, base: ModelConfig, dtype: torch.dtype) -
                 if layer >= base.num_layers:
                     raise ConfigError(f"LoRA adapter {name!r}: {key!r} is for layer {layer}; the base model has {base.num_layers} layers (a different base model?)")
                 halves.setdefault((layer, projection), {})[half] = handle.get_tensor(key).to(dtype)
-    except (OSError, RuntimeError, ValueError) as err:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as err:  # a truncated or garbage file
         raise ConfigError(f"LoRA adapter {name!r}: cannot read {path / ADAPTER_WEIGHTS}: {err}") from None
     if not halves:
         raise ConfigError(f"LoRA adapter {name!r}: {path / ADAPTER_WEIGHTS} holds no LoRA factors")

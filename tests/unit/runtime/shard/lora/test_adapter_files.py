@@ -68,3 +68,16 @@ def test_each_bad_adapter_is_one_clear_error(good: Path, base: ModelConfig, tmp_
     assert "is for layer 7; the base model has 2 layers" in _error(_copy(good, tmp_path / "deep", tensors=deep), base)
     half = {k: v for k, v in tensors.items() if k != key}
     assert "lora_B without its pair" in _error(_copy(good, tmp_path / "half", tensors=half), base)
+
+
+def test_malformed_files_are_one_clear_error_too(good: Path, base: ModelConfig, tmp_path: Path) -> None:
+    garbage = _copy(good, tmp_path / "garbage")
+    (garbage / "adapter_model.safetensors").write_bytes(b"\x00\x01 not a safetensors file" * 10)
+    assert "cannot read" in _error(garbage, base) and "adapter_model.safetensors" in _error(garbage, base)
+    listed = _copy(good, tmp_path / "listed")
+    (listed / "adapter_config.json").write_text("[1, 2, 3]")
+    assert "adapter_config.json is not a JSON object (a list)" in _error(listed, base)
+    truncated = _copy(good, tmp_path / "truncated")
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert "cannot read" in _error(truncated, base)
