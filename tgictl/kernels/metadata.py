@@ -7,7 +7,8 @@ per layer with identical metadata).
 Batch layout (a MIXED batch): sequence i has `cache_lens[i]` tokens whose K/V are already in the
 paged cache and `new_lens[i]` new tokens, whose K/V the model writes with `store_kv` BEFORE calling
 attention (at positions cache_len .. cache_len + new_len - 1). Query rows are the new tokens of every
-sequence concatenated in batch order; new token j of sequence i sees positions 0 .. cache_len + j.
+sequence concatenated in batch order; new token j of sequence i sees positions 0 .. cache_len + j (a
+sliding-window layer sees the metadata's windowed view instead: kernels/window.py).
 A decode sequence is simply one with new_len == 1.
 """
 
