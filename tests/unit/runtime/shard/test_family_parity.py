@@ -29,20 +29,10 @@ from transformers import AutoModelForCausalLM
 
 from tgictl.runtime.shard import families
 from tgictl.runtime.shard.family_spec import FamilySpec
-from tgictl.testing.tiny_models import FAMILIES
+from tgictl.testing.tiny_models import FAMILIES, window_options
 
-WINDOW = 5  # shorter than the parity test's 11-token prompt and the generation tests' 21
-# Each family with its sliding windows on (those it has): every layer (Mistral, Phi-3), the layers from
-# max_window_layers on (Qwen), alternate layers (Gemma 2, Gemma 3 with sliding_window_pattern 2), NoPE layers (SmolLM3).
-WINDOWED: dict[str, dict[str, Any]] = {
-    "mistral": {"sliding_window": WINDOW},
-    "phi3": {"sliding_window": WINDOW},
-    "gemma2": {"sliding_window": WINDOW},
-    "gemma3_text": {"sliding_window": WINDOW},
-    "qwen2": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
-    "qwen3": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
-    "smollm3": {"use_sliding_window": True, "sliding_window": WINDOW},
-}
+WINDOW = 5  # shorter than the parity test's 11-token prompt and the generation tests' 37
+WINDOWED: dict[str, dict[str, Any]] = {f: window_options(f, WINDOW) for f in FAMILIES if window_options(f, WINDOW)}
 # Rotary scaled past the original length (16 positions; sequences reach 27), per family that can carry it.
 SCALED_ROPE: dict[str, dict[str, Any]] = {
     "llama 3.2 (llama3 scaling, tied head)": {"family": "llama", "tie_word_embeddings": True, "rope_scaling": {

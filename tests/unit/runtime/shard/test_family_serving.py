@@ -1,5 +1,5 @@
-"""Every family through the shard's step path beyond plain greedy decoding (sliding windows shorter than the
-prompts): speculative decoding gives the plain path's tokens and logprobs, guided generation's output follows its
+"""Every family through the shard's step path beyond plain greedy decoding (sliding windows of 5 positions,
+shorter than the prompts): speculative decoding gives the plain path's tokens and logprobs, guided generation's output follows its
 schema, and bf16 with --quantize int8 / int4 serves a mixed batch to its end."""
 
 from __future__ import annotations
@@ -20,12 +20,8 @@ from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.guidance import json_schema_grammar
 from tgictl.runtime.shard.step import ModelRunner
 from tgictl.testing.grammar_cases import SCHEMAS
-from tgictl.testing.tiny_models import FAMILIES
+from tgictl.testing.tiny_models import FAMILIES, window_options
 
-WINDOWED = {"mistral": {"sliding_window": 5}, "phi3": {"sliding_window": 5}, "gemma2": {"sliding_window": 5},
-            "gemma3_text": {"sliding_window": 5}, "qwen2": {"use_sliding_window": True, "sliding_window": 5,
-                                                           "max_window_layers": 1},
-            "smollm3": {"use_sliding_window": True, "sliding_window": 5}}
 PATTERN = [5, 6, 7, 8, 9, 10, 11, 12]
 PROMPTS = [PATTERN * 4, [3, 17, 45, 200, 9, 31, 77, 5, 120, 64, 33, 300], PATTERN * 3 + [5, 6]]
 SCHEMA = SCHEMAS["flat"][0]
@@ -43,7 +39,7 @@ def _run(runner: ModelRunner, speculate: int, sampling: SamplingParams | None = 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_speculation_gives_the_plain_paths_tokens(family: str, make_tiny_model: Callable[..., Path]) -> None:
-    runner = make_runner(make_tiny_model(family, **WINDOWED.get(family, {})))
+    runner = make_runner(make_tiny_model(family, **window_options(family, 5)))
     plain, speculative = _run(runner, 0), _run(runner, 3)
     for rid in range(len(PROMPTS)):
         assert speculative.ids(rid) == plain.ids(rid)
@@ -53,7 +49,7 @@ def test_speculation_gives_the_plain_paths_tokens(family: str, make_tiny_model: 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_guided_output_follows_its_schema(family: str, make_tiny_model: Callable[..., Path]) -> None:
-    runner = make_runner(make_tiny_model(family, **WINDOWED.get(family, {})))
+    runner = make_runner(make_tiny_model(family, **window_options(family, 5)))
     grammar = Grammar(GrammarType.LLGUIDANCE, json_schema_grammar(SCHEMA, strict=True))
     request = make_request(BlockPool(), 0, PROMPTS[1], max_new_tokens=200, sampling=SamplingParams(grammar=grammar))
     outputs = Outputs()
@@ -71,7 +67,7 @@ def test_guided_output_follows_its_schema(family: str, make_tiny_model: Callable
 def test_bf16_quantized_serves_a_batch_to_its_end(family: str, method: str,
                                                   make_tiny_model: Callable[..., Path]) -> None:
     model_dir = make_tiny_model(family, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256,
-                                **WINDOWED.get(family, {}))
+                                **window_options(family, 5))
     runner = make_runner(model_dir, dtype=torch.bfloat16, quantize=QuantizeSpec(method, 32))
     outputs = _run(runner, 0, SamplingParams(do_sample=True, seed=5, temperature=0.8))
     for rid in range(len(PROMPTS)):

@@ -22,11 +22,9 @@ from tgictl.runtime.shard.lora.attach import attach_adapters, read_adapters
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.registry import load_model
 from tgictl.runtime.shard.step import ModelRunner
-from tgictl.testing.tiny_models import FAMILIES
+from tgictl.testing.tiny_models import FAMILIES, window_options
 
 CPU = torch.device("cpu")
-WINDOWS = {"mistral": {"sliding_window": 5}, "phi3": {"sliding_window": 5}, "gemma2": {"sliding_window": 5},
-           "gemma3_text": {"sliding_window": 5}, "smollm3": {"use_sliding_window": True, "sliding_window": 5}}
 PROMPT = [5, 17, 33, 9, 250, 71, 12, 300, 2, 41, 64, 65, 66]
 NEW_TOKENS = 8
 
@@ -44,7 +42,7 @@ def _runner(model_dir: Path, adapter: Path) -> ModelRunner:
 def test_an_adapter_on_the_familys_projections_equals_peft(
     family: str, make_tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
-    model_dir = make_tiny_model(family, **WINDOWS.get(family, {}))
+    model_dir = make_tiny_model(family, **window_options(family, 5))
     targets = list(ModelConfig.from_dir(model_dir).family.lora_targets)
     adapter = write_random_adapter(model_dir, tmp_path / "adapter", rank=4, targets=targets, seed=3)
     expected = {0: peft_greedy(model_dir, None, PROMPT, NEW_TOKENS), 1: peft_greedy(model_dir, adapter, PROMPT,
