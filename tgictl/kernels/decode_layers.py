@@ -10,11 +10,11 @@ It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' r
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
 --batch-invariant; the model says whether its layers have the plain shape (Llama's layer: no biases, no q/k norms,
-no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows
-(--quantize int8)): `LayerStack`. Otherwise the caller runs its layers in Python. int4 and int8 projections
-are multiplied by the C kernels even where the dispatch table would pick torch's for that shape (the loop
-cannot call torch; the two differ by float rounding, and the calls the loop saves are worth more than the
-table's margin).
+no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense bf16, int4 tiles
+(--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
+runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
+table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
+calls the loop saves are worth more than the table's margin).
 """
 
 from __future__ import annotations

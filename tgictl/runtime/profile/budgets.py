@@ -257,7 +257,8 @@ def weight_bytes_per_shard(
         return int(gguf_tensor_bytes * share), "the GGUF file's tensor bytes × this shard's share of the parameters"
     float32_extra = counts.float32 * (4 - dtype_bytes)  # the norms the shard keeps in float32 (Gemma, OLMo2)
     if quantize is None:
-        return counts.total * dtype_bytes + float32_extra, f"parameters per shard from config.json × {dtype_bytes} bytes"
+        size = counts.total * dtype_bytes + float32_extra
+        return size, f"parameters per shard from config.json × {dtype_bytes} bytes"
     size = sum(count * quantize.projection_bytes(features, dtype_bytes) for features, count in counts.projections)
     size += counts.vocab * quantize.vocab_bytes(shape.hidden_size, dtype_bytes) + counts.other * dtype_bytes
     size += float32_extra

@@ -20,7 +20,9 @@ from tgictl.runtime.shard.rope_config import RopeConfig, parse_rope
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # transformers' ACT2FN names our gated MLP implements, by activation.
-ACTIVATIONS: Mapping[str, Activation] = MappingProxyType({"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"})
+ACTIVATIONS: Mapping[str, Activation] = MappingProxyType(
+    {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+)
 # Flags of transformers configs that change outputs in ways no family here implements: present and not falsy -> refused.
 UNSUPPORTED_FLAGS: tuple[str, ...] = ("use_bidirectional_attention", "attention_chunk_size", "use_mrope")
 

@@ -69,7 +69,8 @@ class FamilySpec:
         """The projections a LoRA adapter may target, by PEFT's module name, with the block holding each."""
         attention = (self.fused_qkv,) if self.fused_qkv else ("q_proj", "k_proj", "v_proj")
         mlp = (self.fused_gate_up,) if self.fused_gate_up else ("gate_proj", "up_proj")
-        return {**{name: "self_attn" for name in (*attention, "o_proj")}, **{name: "mlp" for name in (*mlp, "down_proj")}}
+        blocks = {name: "self_attn" for name in (*attention, "o_proj")}
+        return blocks | {name: "mlp" for name in (*mlp, "down_proj")}
 
     def runs_llama_loop(self) -> bool:
         """Whether the C decode loop (Llama's layer, one rotary and at most one window for every layer) computes

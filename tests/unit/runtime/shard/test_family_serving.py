@@ -1,6 +1,6 @@
 """Every family through the shard's step path beyond plain greedy decoding (sliding windows of 5 positions,
-shorter than the prompts): speculative decoding gives the plain path's tokens and logprobs, guided generation's output follows its
-schema, and bf16 with --quantize int8 / int4 serves a mixed batch to its end."""
+shorter than the prompts): speculative decoding gives the plain path's tokens and logprobs, guided generation's
+output follows its schema, and bf16 with --quantize int8 / int4 serves a mixed batch to its end."""
 
 from __future__ import annotations
 
