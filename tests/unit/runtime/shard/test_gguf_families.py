@@ -13,7 +13,6 @@ A Mistral file is llama to llama.cpp, which writes no sliding window for it (and
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
