@@ -464,7 +464,8 @@ def info_to_pb(i: Info) -> pb.InfoResponse:
 
 def info_from_pb(m: pb.InfoResponse) -> Info:
     values = {f.name: getattr(m, f.name) for f in fields(Info)}
-    return Info(**{**values, "eos_token_ids": tuple(m.eos_token_ids), "adapters": tuple(m.adapters)})
+    return Info(**{**values, "eos_token_ids": tuple(m.eos_token_ids), "adapters": tuple(m.adapters),
+                   "layer_windows": tuple(m.layer_windows)})
 
 
 def load_adapter_request_to_pb(r: LoadAdapterRequest) -> pb.LoadAdapterRequest:

@@ -20,6 +20,7 @@ from tgictl.runtime.profile.budgets import model_shape, weight_bytes_per_shard
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.registry import load_model, weight_bytes
+from tgictl.testing.tiny_models import FAMILIES
 
 CPU = torch.device("cpu")
 SPECS = {"int8": QuantizeSpec("int8"), "int4/g32": QuantizeSpec("int4", 32), "int4/g64": QuantizeSpec("int4", 64)}
@@ -48,7 +49,7 @@ def _dequantized_copy(model_dir: Path, spec: QuantizeSpec, target: Path) -> Path
     return target
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("label", list(SPECS))
 def test_quantized_model_computes_its_dequantized_weights(family: str, label: str, make_tiny_model,
                                                           tmp_path: Path) -> None:
@@ -66,10 +67,11 @@ def test_quantized_model_computes_its_dequantized_weights(family: str, label: st
     assert isinstance(quantized.embed.weight, Int8Weight)  # the vocabulary: int8 under every method
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("label", list(SPECS))
-def test_held_bytes_are_the_profile_estimate(label: str, make_tiny_model) -> None:
+def test_held_bytes_are_the_profile_estimate(family: str, label: str, make_tiny_model) -> None:
     spec = SPECS[label]
-    model_dir = make_tiny_model("llama", **SHAPE)
+    model_dir = make_tiny_model(family, **SHAPE)
     model = load_model(model_dir, dtype=torch.bfloat16, device=CPU, dist=DistContext.single(), quantize=spec)
     shape = model_shape(json.loads((model_dir / "config.json").read_text()))
     estimate, _ = weight_bytes_per_shard(shape, 1, 2, spec, None)
