@@ -82,6 +82,12 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("mistral", "MistralConfig", tie_word_embeddings=False, defaults=(("sliding_window", None),)),
     "qwen2": Family("qwen2", "Qwen2Config", tie_word_embeddings=True, defaults=(("use_sliding_window", False),)),
     "qwen3": Family("qwen3", "Qwen3Config", tie_word_embeddings=True, defaults=(("attention_bias", False),)),
+    # Mixture of experts: enough experts that the rows of a short batch are routed to different ones.
+    "mixtral": Family("mixtral", "MixtralConfig", tie_word_embeddings=False, defaults=(
+        ("sliding_window", None), ("num_local_experts", 8), ("num_experts_per_tok", 2))),
+    "qwen3_moe": Family("qwen3_moe", "Qwen3MoeConfig", tie_word_embeddings=True, defaults=(
+        ("num_experts", 16), ("num_experts_per_tok", 4), ("moe_intermediate_size", 32), ("norm_topk_prob", True),
+        ("use_sliding_window", False), ("attention_bias", False))),
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -230,7 +236,7 @@ def write_tiny_model(
 
     # The family joins the seed so llama and mistral (the same architecture here) get different
     # weights: a test that loads the wrong family's weights must not pass by accident.
-    weight_seed = seed * len(FAMILIES) + list(FAMILIES).index(family)
+    weight_seed = seed * 100 + list(FAMILIES).index(family)
     torch.manual_seed(weight_seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _perturb(model, weight_seed)

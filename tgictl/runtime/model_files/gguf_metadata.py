@@ -16,6 +16,7 @@ from typing import Any
 
 from tgictl.errors import ConversionError
 from tgictl.runtime.gguf_reader import GGUFFormatError, read_gguf
+from tgictl.runtime.model_files.gguf_moe import add_moe_fields
 
 # tokenizer_config.json keys that describe where the tokenizer was loaded from, not the tokenizer.
 _LOAD_TIME_KEYS = ("is_local", "local_files_only", "gguf_file", "name_or_path")
@@ -59,6 +60,7 @@ def write_model_config(gguf_path: Path, directory: Path) -> Any:
     config.save_pretrained(directory)
     GenerationConfig.from_model_config(config).save_pretrained(directory)
     fix_model_config(directory / "config.json")
+    add_moe_fields(gguf_path, directory / "config.json")
     return config
 
 

@@ -23,7 +23,7 @@ log = get_logger(__name__)
 
 # GGUF architectures of the model families the shard implements (runtime/shard/models/registry.py);
 # llama.cpp writes Mistral models as "llama".
-SERVED_ARCHITECTURES: list[str] = ["llama", "qwen2", "qwen3"]
+SERVED_ARCHITECTURES: list[str] = ["llama", "qwen2", "qwen3", "qwen3moe"]
 GGUF_LINK = "model.gguf"
 _WRITTEN = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tgictl.errors import ConfigError, UnsupportedModelError
+from tgictl.runtime.shard.moe_config import MoEConfig, moe_config
 from tgictl.runtime.tensor_parallel import HeadSplit, head_split
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # config.json's then generation_config.json's, deduplicated
     bos_token_id: int | None = None
     sliding_window: int | None = None  # recorded only; see the module docstring
+    moe: MoEConfig | None = None  # the experts of a mixture-of-experts family (moe_config.py); None: dense
 
     def head_split(self, rank: int, world_size: int) -> HeadSplit:
         """The attention heads rank `rank` of `world_size` holds (tgictl/runtime/tensor_parallel.py)."""
@@ -125,6 +127,7 @@ class ModelConfig:
             eos_token_ids=_eos_ids(config, generation or {}),
             bos_token_id=_optional_int(config.get("bos_token_id")),
             sliding_window=sliding_window,
+            moe=moe_config(config, values["num_layers"]),
             **values,
         )
 

@@ -27,6 +27,7 @@ from tgictl.runtime.shard.layers.embedding import (
     load_vocab_rows,
 )
 from tgictl.runtime.shard.layers.mlp import GatedMLP
+from tgictl.runtime.shard.layers.moe import SparseMoE
 from tgictl.runtime.shard.layers.norm import RMSNorm
 from tgictl.runtime.shard.layers.rotary import RotaryEmbedding
 from tgictl.runtime.shard.model_config import ModelConfig
@@ -35,13 +36,16 @@ from tgictl.runtime.shard.weights import Weights
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, weights: Weights, prefix: str, options: AttentionOptions) -> None:
+    def __init__(self, config: ModelConfig, weights: Weights, index: int, options: AttentionOptions) -> None:
         super().__init__()
         eps = config.rms_norm_eps
+        prefix = f"model.layers.{index}"
         self.input_norm = RMSNorm(weights.get(f"{prefix}.input_layernorm.weight"), eps)
         self.attention = PagedAttention(config, weights, f"{prefix}.self_attn", options)
         self.post_attention_norm = RMSNorm(weights.get(f"{prefix}.post_attention_layernorm.weight"), eps)
-        self.mlp = GatedMLP.load(weights, f"{prefix}.mlp", bias=config.mlp_bias)
+        self.mlp: GatedMLP | SparseMoE = SparseMoE.load(weights, prefix, config.moe) \
+            if config.moe is not None and config.moe.is_sparse(index) \
+            else GatedMLP.load(weights, f"{prefix}.mlp", bias=config.mlp_bias)
 
     def forward(
         self,
@@ -74,6 +78,8 @@ class DecoderLayer(nn.Module):
         """This layer's weights for kernels/decode_layers.py's loop when it is the plain layer the loop
         computes (no biases, no q/k norms, one rank; the loop checks the weights' formats), else None."""
         attention, mlp = self.attention, self.mlp
+        if not isinstance(mlp, GatedMLP):  # an MoE layer never runs the dense loop
+            return None
         linears = (attention.qkv, attention.o_proj, mlp.gate_up, mlp.down)
         if attention.q_norm is not None or any(linear.bias is not None for linear in linears) \
                 or attention.o_proj.dist.is_sharded or mlp.down.dist.is_sharded \
@@ -97,7 +103,7 @@ class LlamaForCausalLM(CausalLM):
         embed = load_vocab_rows(weights, "model.embed_tokens.weight", config.vocab_size)
         self.embed = VocabParallelEmbedding(embed, config.vocab_size, dist)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, weights, f"model.layers.{i}", options) for i in range(config.num_layers)
+            DecoderLayer(config, weights, i, options) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(weights.get("model.norm.weight"), config.rms_norm_eps)
         if config.tie_word_embeddings or not weights.has("lm_head.weight"):
@@ -156,7 +162,7 @@ class LlamaForCausalLM(CausalLM):
         if self._plain_stack is None:
             self._plain_stack = False
             layers = list(self.layers)
-            if layers:
+            if layers and self.config.moe is None:
                 attention, mlp = layers[0].attention, layers[0].mlp
                 shape = LayerShape(
                     hidden_size=self.config.hidden_size, heads=attention.num_heads, kv_heads=attention.num_kv_heads,

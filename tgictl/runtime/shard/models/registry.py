@@ -31,6 +31,8 @@ MODEL_FAMILIES: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
         "mistral": MistralForCausalLM,
         "qwen2": Qwen2ForCausalLM,
         "qwen3": Qwen3ForCausalLM,
+        "mixtral": MistralForCausalLM,  # its sparse layers: config.moe (layers/moe/)
+        "qwen3_moe": Qwen3ForCausalLM,
     }
 )
 
