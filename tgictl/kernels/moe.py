@@ -67,14 +67,15 @@ class ExpertGroups:
         """x [tokens, hidden] -> [pairs, hidden]: each sorted pair's token row."""
         return x.index_select(0, self.tokens)
 
-    def combine(self, outputs: Tensor, weights: Tensor, dtype: torch.dtype) -> Tensor:
+    def combine(self, outputs: Tensor, weights: Tensor) -> Tensor:
         """Each token's sum over its k choices of weight * output, in float32 in the token's choice order (the
-        order transformers' grouped path sums in; independent of the other tokens), rounded once to `dtype`.
+        order transformers' grouped path sums in; independent of the other tokens).
 
         outputs: [pairs, hidden] the experts' outputs in sorted order; weights: [tokens, top_k] from `route`
-        (rounded to the activations' dtype already where the family does so). Returns [tokens, hidden].
+        (rounded to the activations' dtype already where the family does so). Returns [tokens, hidden] float32:
+        the caller rounds once, after the tensor-parallel sum.
         """
         pairs = torch.empty(outputs.shape, dtype=torch.float32, device=outputs.device)
         pairs.index_copy_(0, self.order, outputs.float())
         pairs.mul_(weights.reshape(-1, 1).float())
-        return pairs.view(self.num_tokens, self.top_k, -1).sum(dim=1).to(dtype)
+        return pairs.view(self.num_tokens, self.top_k, -1).sum(dim=1)

@@ -32,4 +32,6 @@ class SparseMoE(nn.Module):
         """x: [tokens, hidden] -> [tokens, hidden], the same on every rank. LoRA adapters never target experts
         (refused at start-up: runtime/shard/lora/adapter_files.py), so `adapters` is not read."""
         ids, weights = self.router(x)
-        return all_reduce(self.experts(x, ids, weights), self.dist)
+        # The ranks' float32 partial sums are added before the one rounding to x's dtype: in bf16 the sum is then
+        # one shard's up to float32 rounding, which keeps the next layer's routing that of one shard.
+        return all_reduce(self.experts(x, ids, weights), self.dist).to(x.dtype)

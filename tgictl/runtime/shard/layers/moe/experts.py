@@ -65,17 +65,18 @@ class Experts(nn.Module):
         return self.down[expert](GatedMLP.torch_activation(gate_up) if activated is None else activated)
 
     def forward(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
-        """x: [tokens, hidden]; ids, weights: the router's [tokens, top_k] -> [tokens, hidden] in x's dtype."""
+        """x: [tokens, hidden]; ids, weights: the router's [tokens, top_k] -> each token's weighted sum of its
+        experts' outputs (this rank's part), [tokens, hidden] float32."""
         groups = ExpertGroups.build(ids, self.num_experts)
         rows = groups.gather(x)  # [pairs, hidden], grouped by expert
         outputs = torch.empty_like(rows)
         for expert, start, stop in groups.spans:
             outputs[start:stop] = self.expert_mlp(expert, rows[start:stop])
-        return groups.combine(outputs, weights, x.dtype)
+        return groups.combine(outputs, weights)
 
     def reference(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """`forward` as a loop over every expert, in torch ops: the tokens that chose it, its MLP on them, their
-        weighted outputs added to a float32 sum, rounded once to x's dtype."""
+        weighted outputs added to a float32 sum."""
         total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for expert in range(self.num_experts):
             token, choice = torch.nonzero(ids == expert, as_tuple=True)
@@ -83,4 +84,4 @@ class Experts(nn.Module):
                 continue
             out = self.expert_mlp(expert, x[token], fused_activation=False)
             total.index_add_(0, token, out.float() * weights[token, choice].unsqueeze(1))
-        return total.to(x.dtype)
+        return total
