@@ -74,7 +74,7 @@ def profile_report(
     budget_figures = budgets.to_dict()
     problems = budget_figures.pop("problems")
     return {
-        "model": {"model_id": model_id, "path": str(model_dir)} | asdict(shape),
+        "model": {"model_id": model_id, "path": str(model_dir)} | _lists(asdict(shape)),
         "devices": {
             "gpus": gpus,
             "gpu_note": hardware.gpu_note,
@@ -84,6 +84,13 @@ def profile_report(
         "budgets": budget_figures,
         "problems": problems,
     }
+
+
+def _lists(value: Any) -> Any:
+    """JSON's shapes: tuples (a family's layer windows) as lists, inside dicts too."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    return [_lists(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def _bytes(value: int) -> str:

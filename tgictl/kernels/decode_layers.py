@@ -9,12 +9,12 @@ results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
---batch-invariant; the model says whether its layers have the plain shape (no biases, no q/k norms, no
-softcap; projections dense bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows
-(--quantize int8)): `LayerStack`. Otherwise the caller runs its layers in Python. int4 and int8 projections
-are multiplied by the C kernels even where the dispatch table would pick torch's for that shape (the loop
-cannot call torch; the two differ by float rounding, and the calls the loop saves are worth more than the
-table's margin).
+--batch-invariant; the model says whether its layers have the plain shape (Llama's layer: no biases, no q/k norms,
+no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense bf16, int4 tiles
+(--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
+runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
+table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
+calls the loop saves are worth more than the table's margin).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, Int8Weight, L
 from tgictl.kernels.linear_methods.native import quant_kernels
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
+from tgictl.kernels.window import windowed
 
 
 class _Linear(ctypes.Structure):
@@ -60,6 +61,7 @@ class LayerShape:
     intermediate: int
     eps: float
     scale: float
+    window: int | None = None  # every layer's sliding window (Mistral's), None for full attention
 
     def projections(self) -> tuple[tuple[int, int], ...]:
         """(out, in) of qkv, o, gate_up and down: the loop's order."""
@@ -183,6 +185,9 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
         return None
     query = torch.empty(m, shape.heads, shape.head_dim, dtype=torch.bfloat16)  # shape only, for the checks
     check_attention_inputs(query, key_cache, value_cache, meta)
+    decode = windowed(meta, shape.window).decode  # every layer's rows over their window's positions only
+    if decode is None:
+        return None
     hidden_out = hidden.clone()
     delta_out = delta.clone() if delta is not None else torch.empty_like(hidden)
     scratch = torch.empty(native.decode_layers_scratch(m, shape.hidden_size, shape.heads, shape.kv_heads,

@@ -472,6 +472,7 @@ def info_to_pb(i: Info) -> pb.InfoResponse:
         eos_token_ids=i.eos_token_ids,
         world_size=i.world_size,
         adapters=i.adapters,
+        layer_windows=i.layer_windows,
     )
 
 
@@ -492,6 +493,7 @@ def info_from_pb(m: pb.InfoResponse) -> Info:
         requires_padding=m.requires_padding,
         speculate=m.speculate,
         adapters=tuple(m.adapters),
+        layer_windows=tuple(m.layer_windows),
     )
 
 

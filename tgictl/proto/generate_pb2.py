@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0egenerate.proto\x12\x0bgenerate.v3\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"\r\n\x0bInfoRequest\"\xee\x02\n\x0cInfoResponse\x12\x18\n\x10requires_padding\x18\x01 \x01(\x08\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x11\n\tspeculate\x18\x05 \x01(\r\x12\x18\n\x10support_chunking\x18\x06 \x01(\x08\x12\x1a\n\x12use_prefix_caching\x18\x07 \x01(\x08\x12\x16\n\x0e\x61ttention_impl\x18\x08 \x01(\t\x12\x12\n\nblock_size\x18\t \x01(\r\x12\x12\n\nmodel_type\x18\n \x01(\t\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x12\n\nnum_layers\x18\x0c \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\r \x01(\r\x12\x15\n\reos_token_ids\x18\x0e \x03(\r\x12\x12\n\nworld_size\x18\x0f \x01(\r\x12\x10\n\x08\x61\x64\x61pters\x18\x10 \x03(\tJ\x04\x08\x04\x10\x05R\x0bwindow_size\"\x19\n\x17ServiceDiscoveryRequest\"(\n\x18ServiceDiscoveryResponse\x12\x0c\n\x04urls\x18\x01 \x03(\t\"+\n\x11\x43learCacheRequest\x12\x0f\n\x02id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x05\n\x03_id\"\x14\n\x12\x43learCacheResponse\"\xe6\x02\n\x1aNextTokenChooserParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\ttypical_p\x18\x04 \x01(\x02\x12\x11\n\tdo_sample\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0f\n\x07grammar\x18\n \x01(\t\x12.\n\x0cgrammar_type\x18\x0b \x01(\x0e\x32\x18.generate.v3.GrammarType\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0e \x01(\x02\x12\x1d\n\x15grammar_replay_tokens\x18\x0f \x01(\rJ\x04\x08\x08\x10\tJ\x04\x08\x0c\x10\rR\twatermarkR\nlogit_bias\"d\n\x1aStoppingCriteriaParameters\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x18\n\x10ignore_eos_token\x18\x03 \x01(\x08J\x04\x08\x02\x10\x03R\x0estop_sequences\"\xa8\x03\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12;\n\nparameters\x18\x04 \x01(\x0b\x32\'.generate.v3.NextTokenChooserParameters\x12\x44\n\x13stopping_parameters\x18\x05 \x01(\x0b\x32\'.generate.v3.StoppingCriteriaParameters\x12\x18\n\x10prefill_logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\t \x03(\r\x12\r\n\x05slots\x18\n \x03(\r\x12\x11\n\tcache_len\x18\x0c \x01(\r\x12\x16\n\tchunk_len\x18\x0e \x01(\rH\x00\x88\x01\x01\x12\x11\n\tinput_ids\x18\x0f \x03(\r\x12\x15\n\radapter_index\x18\x10 \x01(\rB\x0c\n\n_chunk_lenJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x08\x10\tJ\x04\x08\x0b\x10\x0cJ\x04\x08\r\x10\x0eR\x06inputsR\x08truncateR\x0cinput_chunksR\nadapter_idR\x12\x61\x64\x64_special_tokens\"q\n\x05\x42\x61tch\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x08requests\x18\x02 \x03(\x0b\x32\x14.generate.v3.Request\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x12\n\nmax_blocks\x18\x05 \x01(\r\"h\n\x0b\x43\x61\x63hedBatch\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0e\x63urrent_tokens\x18\x05 \x01(\r\"\x83\x01\n\rGeneratedText\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.generate.v3.FinishReason\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seedJ\x04\x08\x01\x10\x02R\x04text\"F\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x05textsR\nis_special\"\xd6\x02\n\nGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x0eprefill_tokens\x18\x02 \x01(\x0b\x32\x13.generate.v3.Tokens\x12#\n\x06tokens\x18\x03 \x01(\x0b\x32\x13.generate.v3.Tokens\x12\x37\n\x0egenerated_text\x18\x04 \x01(\x0b\x32\x1a.generate.v3.GeneratedTextH\x00\x88\x01\x01\x12\'\n\ntop_tokens\x18\x05 \x03(\x0b\x32\x13.generate.v3.Tokens\x12/\n\x12prefill_top_tokens\x18\x06 \x03(\x0b\x32\x13.generate.v3.Tokens\x12\x14\n\x0c\x64raft_tokens\x18\x07 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x08 \x01(\r\x12\r\n\x05\x65rror\x18\t \x01(\tB\x11\n\x0f_generated_text\";\n\x12\x46ilterBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\">\n\x13\x46ilterBatchResponse\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x18.generate.v3.CachedBatch\"\x9b\x01\n\x0ePrefillRequest\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x12.generate.v3.Batch\x12.\n\x0c\x63\x61\x63hed_batch\x18\x02 \x01(\x0b\x32\x18.generate.v3.CachedBatch\x12\x1f\n\x12max_prefill_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_max_prefill_tokens\"\xd6\x01\n\x0fPrefillResponse\x12,\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x17.generate.v3.Generation\x12,\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x18.generate.v3.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"I\n\rDecodeRequest\x12)\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x18.generate.v3.CachedBatch\x12\r\n\x05steps\x18\x02 \x01(\r\"\xd5\x01\n\x0e\x44\x65\x63odeResponse\x12,\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x17.generate.v3.Generation\x12,\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x18.generate.v3.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"\xb6\x01\n\rWarmupRequest\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x12.generate.v3.Batch\x12\x1d\n\x10max_input_tokens\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1a\n\x12max_prefill_tokens\x18\x03 \x01(\r\x12\x1d\n\x10max_total_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x42\x13\n\x11_max_input_tokensB\x13\n\x11_max_total_tokens\"h\n\x0eWarmupResponse\x12\"\n\x1amax_supported_total_tokens\x18\x01 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r*p\n\x0bGrammarType\x12\x15\n\x11GRAMMAR_TYPE_NONE\x10\x00\x12\x15\n\x11GRAMMAR_TYPE_JSON\x10\x01\x12\x16\n\x12GRAMMAR_TYPE_REGEX\x10\x02\x12\x1b\n\x17GRAMMAR_TYPE_LLGUIDANCE\x10\x03*f\n\x0c\x46inishReason\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x00\x12\x1b\n\x17\x46INISH_REASON_EOS_TOKEN\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x32\xf5\x04\n\x15TextGenerationService\x12=\n\x04Info\x12\x18.generate.v3.InfoRequest\x1a\x19.generate.v3.InfoResponse\"\x00\x12\x61\n\x10ServiceDiscovery\x12$.generate.v3.ServiceDiscoveryRequest\x1a%.generate.v3.ServiceDiscoveryResponse\"\x00\x12O\n\nClearCache\x12\x1e.generate.v3.ClearCacheRequest\x1a\x1f.generate.v3.ClearCacheResponse\"\x00\x12R\n\x0b\x46ilterBatch\x12\x1f.generate.v3.FilterBatchRequest\x1a .generate.v3.FilterBatchResponse\"\x00\x12\x43\n\x06Warmup\x12\x1a.generate.v3.WarmupRequest\x1a\x1b.generate.v3.WarmupResponse\"\x00\x12\x46\n\x07Prefill\x12\x1b.generate.v3.PrefillRequest\x1a\x1c.generate.v3.PrefillResponse\"\x00\x12\x43\n\x06\x44\x65\x63ode\x12\x1a.generate.v3.DecodeRequest\x1a\x1b.generate.v3.DecodeResponse\"\x00\x12\x43\n\x06Health\x12\x1a.generate.v3.HealthRequest\x1a\x1b.generate.v3.HealthResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0egenerate.proto\x12\x0bgenerate.v3\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"\r\n\x0bInfoRequest\"\x85\x03\n\x0cInfoResponse\x12\x18\n\x10requires_padding\x18\x01 \x01(\x08\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x11\n\tspeculate\x18\x05 \x01(\r\x12\x18\n\x10support_chunking\x18\x06 \x01(\x08\x12\x1a\n\x12use_prefix_caching\x18\x07 \x01(\x08\x12\x16\n\x0e\x61ttention_impl\x18\x08 \x01(\t\x12\x12\n\nblock_size\x18\t \x01(\r\x12\x12\n\nmodel_type\x18\n \x01(\t\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x12\n\nnum_layers\x18\x0c \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\r \x01(\r\x12\x15\n\reos_token_ids\x18\x0e \x03(\r\x12\x12\n\nworld_size\x18\x0f \x01(\r\x12\x10\n\x08\x61\x64\x61pters\x18\x10 \x03(\t\x12\x15\n\rlayer_windows\x18\x11 \x03(\rJ\x04\x08\x04\x10\x05R\x0bwindow_size\"\x19\n\x17ServiceDiscoveryRequest\"(\n\x18ServiceDiscoveryResponse\x12\x0c\n\x04urls\x18\x01 \x03(\t\"+\n\x11\x43learCacheRequest\x12\x0f\n\x02id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x05\n\x03_id\"\x14\n\x12\x43learCacheResponse\"\xe6\x02\n\x1aNextTokenChooserParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\ttypical_p\x18\x04 \x01(\x02\x12\x11\n\tdo_sample\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0f\n\x07grammar\x18\n \x01(\t\x12.\n\x0cgrammar_type\x18\x0b \x01(\x0e\x32\x18.generate.v3.GrammarType\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0e \x01(\x02\x12\x1d\n\x15grammar_replay_tokens\x18\x0f \x01(\rJ\x04\x08\x08\x10\tJ\x04\x08\x0c\x10\rR\twatermarkR\nlogit_bias\"d\n\x1aStoppingCriteriaParameters\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x18\n\x10ignore_eos_token\x18\x03 \x01(\x08J\x04\x08\x02\x10\x03R\x0estop_sequences\"\xa8\x03\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12;\n\nparameters\x18\x04 \x01(\x0b\x32\'.generate.v3.NextTokenChooserParameters\x12\x44\n\x13stopping_parameters\x18\x05 \x01(\x0b\x32\'.generate.v3.StoppingCriteriaParameters\x12\x18\n\x10prefill_logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\t \x03(\r\x12\r\n\x05slots\x18\n \x03(\r\x12\x11\n\tcache_len\x18\x0c \x01(\r\x12\x16\n\tchunk_len\x18\x0e \x01(\rH\x00\x88\x01\x01\x12\x11\n\tinput_ids\x18\x0f \x03(\r\x12\x15\n\radapter_index\x18\x10 \x01(\rB\x0c\n\n_chunk_lenJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x08\x10\tJ\x04\x08\x0b\x10\x0cJ\x04\x08\r\x10\x0eR\x06inputsR\x08truncateR\x0cinput_chunksR\nadapter_idR\x12\x61\x64\x64_special_tokens\"q\n\x05\x42\x61tch\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x08requests\x18\x02 \x03(\x0b\x32\x14.generate.v3.Request\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x12\n\nmax_blocks\x18\x05 \x01(\r\"h\n\x0b\x43\x61\x63hedBatch\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0e\x63urrent_tokens\x18\x05 \x01(\r\"\x83\x01\n\rGeneratedText\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.generate.v3.FinishReason\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seedJ\x04\x08\x01\x10\x02R\x04text\"F\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x05textsR\nis_special\"\xd6\x02\n\nGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x0eprefill_tokens\x18\x02 \x01(\x0b\x32\x13.generate.v3.Tokens\x12#\n\x06tokens\x18\x03 \x01(\x0b\x32\x13.generate.v3.Tokens\x12\x37\n\x0egenerated_text\x18\x04 \x01(\x0b\x32\x1a.generate.v3.GeneratedTextH\x00\x88\x01\x01\x12\'\n\ntop_tokens\x18\x05 \x03(\x0b\x32\x13.generate.v3.Tokens\x12/\n\x12prefill_top_tokens\x18\x06 \x03(\x0b\x32\x13.generate.v3.Tokens\x12\x14\n\x0c\x64raft_tokens\x18\x07 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x08 \x01(\r\x12\r\n\x05\x65rror\x18\t \x01(\tB\x11\n\x0f_generated_text\";\n\x12\x46ilterBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\">\n\x13\x46ilterBatchResponse\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x18.generate.v3.CachedBatch\"\x9b\x01\n\x0ePrefillRequest\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x12.generate.v3.Batch\x12.\n\x0c\x63\x61\x63hed_batch\x18\x02 \x01(\x0b\x32\x18.generate.v3.CachedBatch\x12\x1f\n\x12max_prefill_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_max_prefill_tokens\"\xd6\x01\n\x0fPrefillResponse\x12,\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x17.generate.v3.Generation\x12,\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x18.generate.v3.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"I\n\rDecodeRequest\x12)\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x18.generate.v3.CachedBatch\x12\r\n\x05steps\x18\x02 \x01(\r\"\xd5\x01\n\x0e\x44\x65\x63odeResponse\x12,\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x17.generate.v3.Generation\x12,\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x18.generate.v3.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"\xb6\x01\n\rWarmupRequest\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x12.generate.v3.Batch\x12\x1d\n\x10max_input_tokens\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1a\n\x12max_prefill_tokens\x18\x03 \x01(\r\x12\x1d\n\x10max_total_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x42\x13\n\x11_max_input_tokensB\x13\n\x11_max_total_tokens\"h\n\x0eWarmupResponse\x12\"\n\x1amax_supported_total_tokens\x18\x01 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r*p\n\x0bGrammarType\x12\x15\n\x11GRAMMAR_TYPE_NONE\x10\x00\x12\x15\n\x11GRAMMAR_TYPE_JSON\x10\x01\x12\x16\n\x12GRAMMAR_TYPE_REGEX\x10\x02\x12\x1b\n\x17GRAMMAR_TYPE_LLGUIDANCE\x10\x03*f\n\x0c\x46inishReason\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x00\x12\x1b\n\x17\x46INISH_REASON_EOS_TOKEN\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x32\xf5\x04\n\x15TextGenerationService\x12=\n\x04Info\x12\x18.generate.v3.InfoRequest\x1a\x19.generate.v3.InfoResponse\"\x00\x12\x61\n\x10ServiceDiscovery\x12$.generate.v3.ServiceDiscoveryRequest\x1a%.generate.v3.ServiceDiscoveryResponse\"\x00\x12O\n\nClearCache\x12\x1e.generate.v3.ClearCacheRequest\x1a\x1f.generate.v3.ClearCacheResponse\"\x00\x12R\n\x0b\x46ilterBatch\x12\x1f.generate.v3.FilterBatchRequest\x1a .generate.v3.FilterBatchResponse\"\x00\x12\x43\n\x06Warmup\x12\x1a.generate.v3.WarmupRequest\x1a\x1b.generate.v3.WarmupResponse\"\x00\x12\x46\n\x07Prefill\x12\x1b.generate.v3.PrefillRequest\x1a\x1c.generate.v3.PrefillResponse\"\x00\x12\x43\n\x06\x44\x65\x63ode\x12\x1a.generate.v3.DecodeRequest\x1a\x1b.generate.v3.DecodeResponse\"\x00\x12\x43\n\x06Health\x12\x1a.generate.v3.HealthRequest\x1a\x1b.generate.v3.HealthResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRAMMARTYPE']._serialized_start=3330
-  _globals['_GRAMMARTYPE']._serialized_end=3442
-  _globals['_FINISHREASON']._serialized_start=3444
-  _globals['_FINISHREASON']._serialized_end=3546
+  _globals['_GRAMMARTYPE']._serialized_start=3353
+  _globals['_GRAMMARTYPE']._serialized_end=3465
+  _globals['_FINISHREASON']._serialized_start=3467
+  _globals['_FINISHREASON']._serialized_end=3569
   _globals['_HEALTHREQUEST']._serialized_start=31
   _globals['_HEALTHREQUEST']._serialized_end=46
   _globals['_HEALTHRESPONSE']._serialized_start=48
@@ -42,47 +42,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=66
   _globals['_INFOREQUEST']._serialized_end=79
   _globals['_INFORESPONSE']._serialized_start=82
-  _globals['_INFORESPONSE']._serialized_end=448
-  _globals['_SERVICEDISCOVERYREQUEST']._serialized_start=450
-  _globals['_SERVICEDISCOVERYREQUEST']._serialized_end=475
-  _globals['_SERVICEDISCOVERYRESPONSE']._serialized_start=477
-  _globals['_SERVICEDISCOVERYRESPONSE']._serialized_end=517
-  _globals['_CLEARCACHEREQUEST']._serialized_start=519
-  _globals['_CLEARCACHEREQUEST']._serialized_end=562
-  _globals['_CLEARCACHERESPONSE']._serialized_start=564
-  _globals['_CLEARCACHERESPONSE']._serialized_end=584
-  _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_start=587
-  _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_end=945
-  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_start=947
-  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_end=1047
-  _globals['_REQUEST']._serialized_start=1050
-  _globals['_REQUEST']._serialized_end=1474
-  _globals['_BATCH']._serialized_start=1476
-  _globals['_BATCH']._serialized_end=1589
-  _globals['_CACHEDBATCH']._serialized_start=1591
-  _globals['_CACHEDBATCH']._serialized_end=1695
-  _globals['_GENERATEDTEXT']._serialized_start=1698
-  _globals['_GENERATEDTEXT']._serialized_end=1829
-  _globals['_TOKENS']._serialized_start=1831
-  _globals['_TOKENS']._serialized_end=1901
-  _globals['_GENERATION']._serialized_start=1904
-  _globals['_GENERATION']._serialized_end=2246
-  _globals['_FILTERBATCHREQUEST']._serialized_start=2248
-  _globals['_FILTERBATCHREQUEST']._serialized_end=2307
-  _globals['_FILTERBATCHRESPONSE']._serialized_start=2309
-  _globals['_FILTERBATCHRESPONSE']._serialized_end=2371
-  _globals['_PREFILLREQUEST']._serialized_start=2374
-  _globals['_PREFILLREQUEST']._serialized_end=2529
-  _globals['_PREFILLRESPONSE']._serialized_start=2532
-  _globals['_PREFILLRESPONSE']._serialized_end=2746
-  _globals['_DECODEREQUEST']._serialized_start=2748
-  _globals['_DECODEREQUEST']._serialized_end=2821
-  _globals['_DECODERESPONSE']._serialized_start=2824
-  _globals['_DECODERESPONSE']._serialized_end=3037
-  _globals['_WARMUPREQUEST']._serialized_start=3040
-  _globals['_WARMUPREQUEST']._serialized_end=3222
-  _globals['_WARMUPRESPONSE']._serialized_start=3224
-  _globals['_WARMUPRESPONSE']._serialized_end=3328
-  _globals['_TEXTGENERATIONSERVICE']._serialized_start=3549
-  _globals['_TEXTGENERATIONSERVICE']._serialized_end=4178
+  _globals['_INFORESPONSE']._serialized_end=471
+  _globals['_SERVICEDISCOVERYREQUEST']._serialized_start=473
+  _globals['_SERVICEDISCOVERYREQUEST']._serialized_end=498
+  _globals['_SERVICEDISCOVERYRESPONSE']._serialized_start=500
+  _globals['_SERVICEDISCOVERYRESPONSE']._serialized_end=540
+  _globals['_CLEARCACHEREQUEST']._serialized_start=542
+  _globals['_CLEARCACHEREQUEST']._serialized_end=585
+  _globals['_CLEARCACHERESPONSE']._serialized_start=587
+  _globals['_CLEARCACHERESPONSE']._serialized_end=607
+  _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_start=610
+  _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_end=968
+  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_start=970
+  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_end=1070
+  _globals['_REQUEST']._serialized_start=1073
+  _globals['_REQUEST']._serialized_end=1497
+  _globals['_BATCH']._serialized_start=1499
+  _globals['_BATCH']._serialized_end=1612
+  _globals['_CACHEDBATCH']._serialized_start=1614
+  _globals['_CACHEDBATCH']._serialized_end=1718
+  _globals['_GENERATEDTEXT']._serialized_start=1721
+  _globals['_GENERATEDTEXT']._serialized_end=1852
+  _globals['_TOKENS']._serialized_start=1854
+  _globals['_TOKENS']._serialized_end=1924
+  _globals['_GENERATION']._serialized_start=1927
+  _globals['_GENERATION']._serialized_end=2269
+  _globals['_FILTERBATCHREQUEST']._serialized_start=2271
+  _globals['_FILTERBATCHREQUEST']._serialized_end=2330
+  _globals['_FILTERBATCHRESPONSE']._serialized_start=2332
+  _globals['_FILTERBATCHRESPONSE']._serialized_end=2394
+  _globals['_PREFILLREQUEST']._serialized_start=2397
+  _globals['_PREFILLREQUEST']._serialized_end=2552
+  _globals['_PREFILLRESPONSE']._serialized_start=2555
+  _globals['_PREFILLRESPONSE']._serialized_end=2769
+  _globals['_DECODEREQUEST']._serialized_start=2771
+  _globals['_DECODEREQUEST']._serialized_end=2844
+  _globals['_DECODERESPONSE']._serialized_start=2847
+  _globals['_DECODERESPONSE']._serialized_end=3060
+  _globals['_WARMUPREQUEST']._serialized_start=3063
+  _globals['_WARMUPREQUEST']._serialized_end=3245
+  _globals['_WARMUPRESPONSE']._serialized_start=3247
+  _globals['_WARMUPRESPONSE']._serialized_end=3351
+  _globals['_TEXTGENERATIONSERVICE']._serialized_start=3572
+  _globals['_TEXTGENERATIONSERVICE']._serialized_end=4201
 # @@protoc_insertion_point(module_scope)

@@ -188,6 +188,8 @@ class Info:
     requires_padding: bool = False
     speculate: int = 0
     adapters: tuple[str, ...] = ()  # LoRA adapter names; adapter_index k is adapters[k - 1]
+    # per layer, its sliding window in positions; 0: the whole context (empty from a shard that does not say)
+    layer_windows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ def test_every_flag_reaches_its_field() -> None:
         "--decode-steps", "2", "--decode-call-ms", "12.5", "--no-prefix-caching", "--max-best-of", "3",
         "--max-stop-sequences", "6", "--max-top-n-tokens", "10", "--max-client-batch-size", "11",
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
-        "--payload-limit", "1000", "--validation-workers", "4",
+        "--payload-limit", "1000", "--validation-workers", "4", "--http-header-timeout", "3",
+        "--http-body-timeout", "4.5", "--max-connections", "50",
         "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router",
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
@@ -83,6 +84,7 @@ def test_every_flag_reaches_its_field() -> None:
         max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
         validation_workers=4, otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
+        http_header_timeout_s=3.0, http_body_timeout_s=4.5, max_connections=50,
     )  # fmt: skip
     # Every field a flag sets differs from its default above, so none was silently dropped.
     defaults = RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="t")

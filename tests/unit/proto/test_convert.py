@@ -119,6 +119,7 @@ INFO = Info(
     world_size=2,
     requires_padding=True,
     speculate=2,
+    layer_windows=(4096, 0) * 16,  # Gemma 2's alternation: a window, then the whole context
 )
 
 C = convert

@@ -60,5 +60,5 @@ def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force
         with phase(f"writing safetensors and the tokenizer to {output}", logger=log):
             model.save_pretrained(staging, safe_serialization=True)
             write_tokenizer(gguf_path, staging, max_length=getattr(model.config, "max_position_embeddings", None))
-        fix_model_config(staging / "config.json")
+        fix_model_config(staging / "config.json", gguf_path)
     return output

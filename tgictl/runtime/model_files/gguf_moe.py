@@ -9,20 +9,18 @@ written, `{arch}.expert_weights_norm` (otherwise llama.cpp renormalises the top-
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from tgictl.errors import ConversionError
-from tgictl.runtime.gguf_reader import read_gguf
+from tgictl.runtime.gguf_reader import GGUFFile
 
 # GGUF architecture -> the model_type its experts make it (llama.cpp writes Mixtral as `llama`).
 MOE_MODEL_TYPES: dict[str, str] = {"llama": "mixtral", "qwen3moe": "qwen3_moe"}
 
 
-def moe_fields(gguf_path: Path) -> dict[str, Any]:
-    """config.json values for the experts of `gguf_path`; empty for a dense model."""
-    fields = read_gguf(gguf_path).fields
+def moe_fields(header: GGUFFile) -> dict[str, Any]:
+    """config.json values for the experts of the GGUF file `header` describes; empty for a dense model."""
+    fields, gguf_path = header.fields, header.path
     arch = str(fields.get("general.architecture", ""))
     experts = int(fields.get(f"{arch}.expert_count") or 0)
     if experts == 0 or arch not in MOE_MODEL_TYPES:
@@ -45,13 +43,3 @@ def moe_fields(gguf_path: Path) -> dict[str, Any]:
             raise ConversionError(f"{gguf_path.name}: {arch}.expert_feed_forward_length is missing")
         values.update(num_experts=experts, moe_intermediate_size=int(width), norm_topk_prob=normalize)
     return values
-
-
-def add_moe_fields(gguf_path: Path, config_path: Path) -> None:
-    """Rewrite config.json (written from transformers' reading of the GGUF) with the file's expert settings."""
-    values = moe_fields(gguf_path)
-    if not values:
-        return
-    config: dict[str, Any] = json.loads(config_path.read_text())
-    config.update(values)
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

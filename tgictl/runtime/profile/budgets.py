@@ -14,9 +14,10 @@ from typing import Any, Mapping
 from tgictl.errors import ConfigError
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
+from tgictl.runtime.profile.family_shape import FamilyShape, family_shape, windowed_kv
+from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
 from tgictl.runtime.shard.moe_config import moe_config
 from tgictl.runtime.tensor_parallel import HeadSplit, head_splits
-from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
 from tgictl.runtime.router.scheduling.limits import DEFAULT_MAX_BATCH_PREFILL_TOKENS
 
 MIN_COMPUTE_OPTIMAL_PREFILL = 100  # TGI uses the FLOPs rule only above this many tokens
@@ -49,8 +50,8 @@ class ModelShape:
     num_experts: int  # 1 for dense models
     experts_per_token: int  # 1 for dense models
     shared_experts: int
-    attention_bias: bool  # q/k/v projections carry biases (qwen2)
     is_vlm: bool
+    family: FamilyShape = FamilyShape()  # norms, biases, sliding windows (family_shape.py)
     # Layers of an MoE model whose MLP is one dense MLP of dense_intermediate_size instead of the experts
     # (Qwen3-MoE's mlp_only_layers and decoder_sparse_step; runtime/shard/moe_config.py says which).
     dense_mlp_layers: int = 0
@@ -106,8 +107,8 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         num_experts=num_experts,
         experts_per_token=_int(text, "num_experts_per_tok", default=1) if moe else 1,
         shared_experts=_int(text, "n_shared_experts", default=0),
-        attention_bias=bool(text.get("attention_bias", False)) or config.get("model_type") == "qwen2",
         is_vlm=is_vlm,
+        family=family_shape(config, text, num_layers, hidden, head_dim),
         dense_mlp_layers=dense_layers,
         dense_intermediate_size=_int(text, "intermediate_size", default=4 * hidden) if dense_layers else 0,
     )
@@ -170,6 +171,8 @@ class Budgets:
     kv_heads_per_shard: Figure  # of the shard holding the most (it sizes every shard's KV cache)
     kv_bytes_per_token_per_shard: Figure
     kv_bytes_per_block_per_shard: Figure
+    # per token at max_total_tokens if blocks every sliding-window layer has left behind were freed (not yet done)
+    windowed_kv_bytes_per_token_per_shard: Figure
     activation_bytes_per_token_per_shard: Figure
     device_flops: Figure
     max_batch_prefill_tokens: Figure
@@ -215,6 +218,7 @@ class ParameterCounts:
     projections: tuple[tuple[int, int], ...]  # (input features, parameters) per kind of projection
     vocab: int  # embedding rows, plus the LM head's when untied
     other: int  # norms, biases, the MoE router
+    float32: int = 0  # of `other`: the norms a family's shard keeps in float32 (Gemma's, OLMo2's)
 
     @property
     def total(self) -> int:
@@ -241,13 +245,18 @@ def parameter_counts(shape: ModelShape, num_shard: int) -> ParameterCounts:
         (q_cols, layers * q_cols * h),  # o
         (inter, sparse * inter * h * (shape.num_experts + shape.shared_experts)),  # down
     ) + (((dense_inter, dense * dense_inter * h),) if dense else ())  # the dense layers' down
-    bias = q_cols + 2 * kv_cols if shape.attention_bias else 0
+    family = shape.family
+    bias = (q_cols + 2 * kv_cols if family.qkv_bias else 0) + (h if family.o_bias else 0) \
+        + (2 * inter + h if family.mlp_bias else 0)
+    qk_norm = {"per_head": 2 * shape.head_dim, "full_width": q_cols + kv_cols}.get(family.qk_norm, 0)
+    norms = layers * (family.norms_per_layer * h + qk_norm) + h  # the layers' norms, the final norm
     router = h * shape.num_experts if shape.num_experts > 1 else 0
     vocab = _ceil_div(shape.vocab_size, n) * h
     return ParameterCounts(
         projections=projections,
         vocab=vocab if shape.tie_word_embeddings else 2 * vocab,
-        other=layers * (bias + 2 * h) + sparse * router + h,  # two norms per layer, the routers, the final norm
+        other=layers * bias + sparse * router + norms,  # biases, the routers, the norms
+        float32=norms if family.norms_in_float32 else 0,
     )
 
 
@@ -264,10 +273,13 @@ def weight_bytes_per_shard(
     if gguf_tensor_bytes is not None:
         share = counts.total / parameters_per_shard(shape, 1)
         return int(gguf_tensor_bytes * share), "the GGUF file's tensor bytes × this shard's share of the parameters"
+    float32_extra = counts.float32 * (4 - dtype_bytes)  # the norms the shard keeps in float32 (Gemma, OLMo2)
     if quantize is None:
-        return counts.total * dtype_bytes, f"parameters per shard from config.json × {dtype_bytes} bytes"
+        size = counts.total * dtype_bytes + float32_extra
+        return size, f"parameters per shard from config.json × {dtype_bytes} bytes"
     size = sum(count * quantize.projection_bytes(features, dtype_bytes) for features, count in counts.projections)
     size += counts.vocab * quantize.vocab_bytes(shape.hidden_size, dtype_bytes) + counts.other * dtype_bytes
+    size += float32_extra
     return int(size), f"{quantize.label} projections, int8 embedding and LM head, the rest × {dtype_bytes} bytes"
 
 
@@ -490,6 +502,7 @@ def compute_budgets(
         kv_heads_per_shard=Figure(kv_heads, "the most any shard holds (KV heads split by groups, or replicated)"),
         kv_bytes_per_token_per_shard=Figure(kv_token, "2 (K,V) × layers × kv_heads_per_shard × head_dim × dtype"),
         kv_bytes_per_block_per_shard=Figure(kv_block, f"block_size {settings.block_size} × KV bytes per token"),
+        windowed_kv_bytes_per_token_per_shard=Figure(*windowed_kv(shape.family.layer_windows, kv_token, max_total)),
         activation_bytes_per_token_per_shard=Figure(activations, "(2·hidden + 3·intermediate/N) × dtype"),
         device_flops=Figure(device_flops, device_flops_source),
         max_batch_prefill_tokens=Figure(prefill, prefill_source),

@@ -7,7 +7,8 @@ Names and layout are undone exactly as transformers' GGUF loader does it
   for its stem (`blk.3.attn_q`) plus the suffix;
 - llama.cpp's converter permutes the rows of q and k inside each head of llama-architecture files
   (rotary pairs interleaved); transformers reverses that on the dequantized rows. Rows are independent
-  in every block type, so the same reordering applies to the blocks themselves, exactly.
+  in every block type, so the same reordering applies to the blocks themselves, exactly;
+- Gemma's norm weights are stored as 1 + w; the 1 is taken off as transformers does;
 - MoE experts are stacked, one tensor per projection and layer ([experts, out, in], e.g. `blk.3.ffn_gate_exps`);
   an HF expert name `model.layers.3.mlp.experts.5.gate_proj.weight` is expert 5's [out, in] slice of it.
 Dimensions come reversed in GGUF (ne[0] is the input size); `shape` answers in HF order [out, in].
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 # general.architecture values whose q/k rows llama.cpp permutes (transformers' TENSOR_PROCESSORS["llama"]).
 PERMUTED_ARCHITECTURES = frozenset({"llama"})
 PERMUTED_TENSORS = (".attn_q.", ".attn_k.")
+# Architectures whose RMSNorm weights llama.cpp stores as 1 + w (Gemma's scale); transformers' Gemma2TensorProcessor
+# takes the 1 off again, and so does `read` (the model adds it back: FamilySpec.norm_offset).
+NORM_PLUS_ONE_ARCHITECTURES = frozenset({"gemma2", "gemma3"})
 # Float types read as they are (no dequantization to speak of in the load log).
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 # An HF name of one expert's projection: the stacked tensor's stem with the expert's index taken out.
@@ -176,6 +180,8 @@ class GGUFSource:
         else:
             qtype = gguf.GGMLQuantizationType(located.tensor.ggml_type)
             values = torch.from_numpy(np.array(gguf.quants.dequantize(rows, qtype), dtype=np.float32))
+        if self.architecture in NORM_PLUS_ONE_ARCHITECTURES and "norm.weight" in located.tensor.name:
+            values = values - 1
         return values if len(shape) == 1 else values.reshape(-1, shape[1])[:, columns].contiguous()
 
     def linear(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> GGUFWeight | None:

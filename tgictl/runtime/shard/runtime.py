@@ -154,6 +154,7 @@ class ShardRuntime:
             world_size=self.dist.world_size,
             speculate=self.runner.speculation.tokens,
             adapters=self.adapters,
+            layer_windows=tuple(window or 0 for window in self.config.layer_windows),
         )
 
     def warmup(self, request: WarmupRequest) -> WarmupResult:

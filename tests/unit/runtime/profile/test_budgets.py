@@ -105,7 +105,7 @@ def test_qwen3_moe_dense_layers_have_their_own_width() -> None:
     attention = 2 * 64 * 16 * (3 * 4 + 2 * 2)
     assert model_flops_per_token(shape) == (4 * attention + 2 * (2 * 3 * 64 * 32 * 2 + 2 * 64 * 8)
                                             + 2 * 2 * 3 * 64 * 128)
-    dense = model_shape(TINY | {"num_hidden_layers": 4})  # the same layers with dense MLPs of 128
+    dense = model_shape(TINY | {"model_type": "qwen3", "num_hidden_layers": 4})  # the same layers, dense MLPs of 128
     experts_minus_dense = 2 * (3 * 64 * 32 * 8 + 64 * 8 - 3 * 64 * 128)
     assert parameters_per_shard(shape, 1) == parameters_per_shard(dense, 1) + experts_minus_dense
     # Two shards: every expert's 32 features split 16 + 16, the dense layers' 128 as 64 + 64.
@@ -134,6 +134,7 @@ def test_tiny_on_cpu() -> None:
         "kv_heads_per_shard": 2,
         "kv_bytes_per_token_per_shard": 512,  # 2 · 2 layers · 2 kv heads · 16 · 4 bytes
         "kv_bytes_per_block_per_shard": 8192,  # 16 · 512
+        "windowed_kv_bytes_per_token_per_shard": 512,  # no sliding windows
         "activation_bytes_per_token_per_shard": 2048,  # (2·64 + 3·128) · 4
         "device_flops": 1e11,  # the float32 measurement (no native bf16 on this host)
         # 1e11 / 163840 = 610351 → clamped to max_position_embeddings 256 (RAM would allow

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tgictl.errors import ConversionError
 from tgictl.kernels.linear_methods import GGUFWeight, Int4Weight
+from tgictl.runtime.gguf_reader import read_gguf
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.model_files.gguf_moe import moe_fields
 from tgictl.runtime.shard.dist import DistContext
@@ -91,7 +92,7 @@ def test_expert_names_resolve_to_slices_of_the_stacked_tensor(gguf_files: Callab
 
 
 def test_a_dense_gguf_has_no_expert_fields(tmp_path: Path) -> None:
-    assert moe_fields(write_tiny_gguf(tmp_path / "dense.gguf", "llama")) == {}
+    assert moe_fields(read_gguf(write_tiny_gguf(tmp_path / "dense.gguf", "llama"))) == {}
 
 
 def test_missing_expert_width_is_a_conversion_error(tmp_path: Path) -> None:
@@ -106,4 +107,4 @@ def test_missing_expert_width_is_a_conversion_error(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ConversionError, match="expert_feed_forward_length"):
-        moe_fields(path)
+        moe_fields(read_gguf(path))

@@ -1,7 +1,8 @@
 """Mixtral and Qwen3-MoE served by the shard against transformers on tiny random checkpoints whose batches route
 rows to different experts: float32 logits within 1e-4 and greedy tokens equal (alone and in one growing batch), bf16
-close, --quantize int8/int4 computing their dequantized experts, the bytes held the profile's estimate, prefix-cache
-hits and continuation rounds exact, and refused config fields named."""
+close, the bytes held (dense and sparse layers, every expert, --quantize int8/int4) the profile's estimate,
+prefix-cache hits and continuation rounds exact, and refused config fields named. --quantize's logits against the
+dequantized experts: test_quantized_models.py, which runs every family."""
 
 from __future__ import annotations
 
@@ -13,24 +14,23 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from shard_helpers import BlockPool, Outputs, make_request, make_runner, shard_batch, step
-from test_model_parity import (
+from paged_forward import (
     BLOCK_SIZE,
     NUM_BLOCKS,
     PARITY_TOLERANCE,
     PagedSequence,
-    _hf_step,
-    _load,
-    _parity,
-    _shuffled_blocks,
-    _tokens,
     forward,
+    hf_step,
+    load,
+    parity,
+    shuffled_blocks,
+    tokens,
 )
 from transformers import AutoModelForCausalLM
 
 from tgictl.errors import ConfigError, UnsupportedModelError
-from tgictl.kernels.linear_methods import Int4Weight, Int8Weight, Role, linear_method
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.profile.budgets import model_shape, weight_bytes_per_shard
@@ -59,18 +59,18 @@ def variant_dirs(make_tiny_model: Callable[..., Path]) -> dict[str, Path]:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_float32_logits_match_transformers(variant: str, variant_dirs: dict[str, Path]) -> None:
-    assert _parity(variant_dirs[variant]) <= PARITY_TOLERANCE
+    assert parity(variant_dirs[variant]) <= PARITY_TOLERANCE
 
 
 def test_dense_and_sparse_layers_follow_the_config(variant_dirs: dict[str, Path]) -> None:
-    model = _load(variant_dirs["qwen3_moe dense layers"])
+    model = load(variant_dirs["qwen3_moe dense layers"])
     kinds = [type(layer.mlp) for layer in model.layers]
     assert kinds == [GatedMLP, SparseMoE, GatedMLP, SparseMoE]  # layer 0 listed, then every second layer
     assert model.plain_layer_stack() is None  # an MoE model never runs the dense C decode loop
 
 
 def _prompts(count: int) -> list[list[int]]:
-    return [_tokens(100 + i, 5 + 3 * i).tolist() for i in range(count)]
+    return [tokens(100 + i, 5 + 3 * i).tolist() for i in range(count)]
 
 
 def _transformers_greedy(model_dir: Path, prompts: list[list[int]], steps: int) -> list[list[int]]:
@@ -110,19 +110,19 @@ def test_greedy_tokens_of_a_growing_batch_equal_transformers(variant: str, varia
         if batch is None:
             break
         batch = step(runner, batch, outputs)
-    for rid, tokens in enumerate(expected):
-        assert outputs.ids(rid) == tokens, f"prompt {rid}"
+    for rid, wanted in enumerate(expected):
+        assert outputs.ids(rid) == wanted, f"prompt {rid}"
 
 
 def test_mixed_batch_equals_each_sequence_alone(variant_dirs: dict[str, Path]) -> None:
     """A decode row, a fresh prompt and a prompt's second chunk in one forward give each row's logits alone."""
-    model = _load(variant_dirs["qwen3_moe"])
+    model = load(variant_dirs["qwen3_moe"])
     layout = [(13, 1), (0, 9), (8, 5)]  # (cached tokens, new tokens)
-    histories = [_tokens(60 + i, cached + new) for i, (cached, new) in enumerate(layout)]
+    histories = [tokens(60 + i, cached + new) for i, (cached, new) in enumerate(layout)]
     results = {}
     for mode in ("alone", "batched"):
         cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
-        seqs = [PagedSequence(_shuffled_blocks(seed=i, count=5, first=1 + 5 * i)) for i in range(len(layout))]
+        seqs = [PagedSequence(shuffled_blocks(seed=i, count=5, first=1 + 5 * i)) for i in range(len(layout))]
         for seq, history, (cached, _) in zip(seqs, histories, layout):
             if cached:
                 forward(model, cache, [(seq, history[:cached], 0)])
@@ -138,10 +138,10 @@ def test_prefix_hit_and_continuation_round_compute_the_same_logits(variant: str,
                                                                   variant_dirs: dict[str, Path]) -> None:
     """A continuation round is a new prefill of prompt + generated tokens whose prefix blocks the radix cache
     holds: it computes only the rest and its logits are those of decoding on in the first round."""
-    model = _load(variant_dirs[variant])
+    model = load(variant_dirs[variant])
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
     first = PagedSequence([9, 4, 17, 2, 21, 30])
-    prompt = _tokens(71, 10)
+    prompt = tokens(71, 10)
     (logits,) = forward(model, cache, [(first, prompt, 0)])
     generated = []
     for position in range(10, 19):  # the first round decodes greedily
@@ -157,12 +157,12 @@ def test_prefix_hit_and_continuation_round_compute_the_same_logits(variant: str,
 
 def test_bfloat16_tracks_transformers(variant_dirs: dict[str, Path]) -> None:
     model_dir = variant_dirs["mixtral"]
-    model = _load(model_dir, torch.bfloat16)
+    model = load(model_dir, torch.bfloat16)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    prompt = _tokens(81, 12)
+    prompt = tokens(81, 12)
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
     (ours,) = forward(model, cache, [(PagedSequence([3, 1, 2]), prompt, 0)], all_logits=True)
-    reference, _ = _hf_step(hf, prompt, None)
+    reference, _ = hf_step(hf, prompt, None)
     # As the dense families' bf16 test: a few ulps of the logits' magnitude (rounding in other places).
     ulp = 2.0 ** (torch.floor(torch.log2(reference.abs().max())).item() - 7)
     assert (ours.float() - reference).abs().max().item() <= 8 * ulp
@@ -175,41 +175,6 @@ QUANT_SHAPE = {"hidden_size": 128, "num_heads": 2, "num_kv_heads": 1, "intermedi
 SPECS = {"int8": QuantizeSpec("int8"), "int4/g32": QuantizeSpec("int4", 32)}
 
 
-def _dequantized_copy(model_dir: Path, spec: QuantizeSpec, target: Path) -> Path:
-    """The checkpoint with every projection (experts included) replaced by its quantized values; the routers and
-    norms stay as they are, as the loader keeps them."""
-    shutil.copytree(model_dir, target)
-    tensors = load_file(str(model_dir / "model.safetensors"))
-    method = linear_method(spec)
-    router = f".{QWEN_MOE_NAMES.router}.weight"
-    for name, tensor in tensors.items():
-        if tensor.dim() == 2 and not name.endswith(f".{QWEN_MOE_NAMES.block}{router}"):
-            role = Role.VOCAB if "embed_tokens" in name or "lm_head" in name else Role.PROJECTION
-            tensors[name] = method.from_dense(tensor, torch.float32, role).dequantize()
-    save_file(tensors, str(target / "model.safetensors"))
-    return target
-
-
-@pytest.mark.parametrize("label", list(SPECS))
-def test_quantized_experts_compute_their_dequantized_weights(label: str, make_tiny_model: Callable[..., Path],
-                                                             tmp_path: Path) -> None:
-    spec = SPECS[label]
-    model_dir = make_tiny_model("qwen3_moe", **QUANT_SHAPE)
-    quantized = load_model(model_dir, dtype=torch.float32, device=CPU, dist=DistContext.single(), quantize=spec)
-    dense = load_model(_dequantized_copy(model_dir, spec, tmp_path / "dequantized"), dtype=torch.float32, device=CPU,
-                       dist=DistContext.single())
-    kind = Int8Weight if spec.method == "int8" else Int4Weight
-    experts = quantized.layers[0].mlp.experts
-    assert all(isinstance(w, kind) for w in (*experts.gate_up, *experts.down))
-    assert quantized.layers[0].mlp.router.weight.dtype == torch.float32  # the router stays in the serving dtype
-    cache_q, cache_d = (m.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE) for m in (quantized, dense))
-    seq = PagedSequence(_shuffled_blocks(5, 6))
-    prompt = _tokens(91, 18)
-    (expected,) = forward(dense, cache_d, [(seq, prompt, 0)], all_logits=True)
-    (actual,) = forward(quantized, cache_q, [(seq, prompt, 0)], all_logits=True)
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4 * float(expected.abs().max()))
-
-
 @pytest.mark.parametrize("label", [None, *SPECS])
 def test_held_bytes_are_the_profile_estimate(label: str | None, make_tiny_model: Callable[..., Path]) -> None:
     """Every expert's weights are held (the profile counts them all), dense, int8 or int4."""
@@ -218,8 +183,7 @@ def test_held_bytes_are_the_profile_estimate(label: str | None, make_tiny_model:
     model = load_model(model_dir, dtype=torch.bfloat16, device=CPU, dist=DistContext.single(), quantize=spec)
     shape = model_shape(json.loads((model_dir / "config.json").read_text()))
     assert shape.sparse_layers == 2 and shape.dense_mlp_layers == 1
-    qk_norms = shape.num_layers * 2 * shape.head_dim * 2  # Qwen3's per-head q/k norms: the profile leaves them out
-    assert weight_bytes(model) == weight_bytes_per_shard(shape, 1, 2, spec, None)[0] + qk_norms
+    assert weight_bytes(model) == weight_bytes_per_shard(shape, 1, 2, spec, None)[0]
 
 
 @pytest.mark.parametrize(("field", "value", "error"), [
@@ -235,7 +199,7 @@ def test_a_setting_the_router_lacks_is_one_error_naming_it(field: str, value: An
     config[field] = value
     (model_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(error, match=field) as raised:
-        _load(model_dir)
+        load(model_dir)
     assert "\n" not in str(raised.value)
 
 

@@ -81,8 +81,25 @@ CASES: list[tuple[str, dict[str, object], torch.dtype, QuantizeSpec | None]] = [
     ("int8, uneven head groups", UNEVEN_HEADS, torch.float32, QuantizeSpec("int8")),
     ("int4 g32", {"family": "qwen3", "hidden_size": 128, "num_kv_heads": 2, "intermediate_size": 256}, torch.float32,
      QuantizeSpec("int4", 32)),
+    # Every family's differences under an uneven split (9 query heads over 3 KV heads: 6 + 3), windows of 5 positions
+    # (the scenario's sequences reach 14 and 30): sandwich norms and soft-caps, two rotaries and q/k norms, fused
+    # projections and partial rotary, layers without positions, q/k norms over all heads (also with a KV head
+    # replicated on both ranks), scalars.
+    ("gemma2", {**UNEVEN_HEADS, "family": "gemma2", "sliding_window": 5}, torch.float32, None),
+    ("gemma3_text", {**UNEVEN_HEADS, "family": "gemma3_text", "sliding_window": 5}, torch.float32, None),
+    ("phi3", {**UNEVEN_HEADS, "family": "phi3", "sliding_window": 5}, torch.float32, None),
+    ("mistral", {**UNEVEN_HEADS, "family": "mistral", "sliding_window": 5}, torch.float32, None),
+    ("smollm3", {**UNEVEN_HEADS, "family": "smollm3", "use_sliding_window": True, "sliding_window": 5},
+     torch.float32, None),
+    ("olmo2", {**UNEVEN_HEADS, "family": "olmo2"}, torch.float32, None),
+    ("olmo2, replicated kv head", {"family": "olmo2", "num_kv_heads": 1}, torch.float32, None),
+    ("granite", {**UNEVEN_HEADS, "family": "granite"}, torch.float32, None),
+    ("phi3 int8", {**UNEVEN_HEADS, "family": "phi3"}, torch.float32, QuantizeSpec("int8")),
+    ("gemma3_text, bfloat16", {**UNEVEN_HEADS, "family": "gemma3_text", "sliding_window": 5}, torch.bfloat16, None),
     ("GGUF Q4_0", {"gguf": "Q4_0", "family": "llama"}, torch.float32, None),
     ("GGUF Q4_K, o_proj inside blocks", {"gguf": "Q4_K", "family": "qwen2"}, torch.float32, None),
+    ("GGUF Q8_0 phi3, fused rows of one tensor", {"gguf": "Q8_0", "family": "phi3"}, torch.float32, None),
+    ("GGUF Q8_0 gemma3", {"gguf": "Q8_0", "family": "gemma3_text"}, torch.float32, None),
     # MoE: every expert's intermediate features split over the ranks (34 + 33 of 67; int4 groups 64 + 32 of 96),
     # the router replicated; dense layers among the sparse ones split as any MLP.
     ("mixtral, experts split unevenly", {"family": "mixtral", "intermediate_size": 67}, torch.float32, None),

@@ -2,7 +2,8 @@
 
 Every problem is one ConfigError at start-up naming the adapter and what is wrong: a missing file,
 a feature PEFT has that the serving path does not (DoRA, trained biases, modules_to_save, per-module
-rank or alpha patterns), a target outside the seven decoder projections, a rank above MAX_LORA_RANK,
+rank or alpha patterns), a target outside the family's decoder projections (q/k/v/o and gate/up/down, or
+Phi-3's fused qkv_proj and gate_up_proj: FamilySpec.lora_targets), a rank above MAX_LORA_RANK,
 or factors whose shapes do not fit the base model (an adapter trained for another base model).
 Scaling is PEFT's: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora
 (docs/architecture.md, "Multi-LoRA"). A mixture-of-experts model's experts and routers are no target: an adapter
@@ -28,12 +29,6 @@ from tgictl.runtime.shard.model_config import ModelConfig
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MAX_LORA_RANK = 128
-
-# The projections LoRA may target, by the name PEFT gives them, and the block that holds each.
-PROJECTIONS: dict[str, str] = {
-    "q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-    "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
-}
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 # A factor of an MoE expert (Qwen3-MoE's mlp.experts.N.*, Mixtral's block_sparse_moe.experts.N.w1) or router.
@@ -68,12 +63,13 @@ class LoraAdapter:
 
 
 def projection_shape(config: ModelConfig, projection: str) -> tuple[int, int]:
-    """[out, in] of one decoder projection of the base model."""
+    """[out, in] of one decoder projection of the base model (Phi-3's fused ones included)."""
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     hidden, inter = config.hidden_size, config.intermediate_size
     return {
         "q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
         "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter),
+        "qkv_proj": (q + 2 * kv, hidden), "gate_up_proj": (2 * inter, hidden),
     }[projection]
 
 
@@ -127,6 +123,7 @@ def read_adapter(name: str, path: Path, base: ModelConfig, dtype: torch.dtype) -
         raise ConfigError(f"LoRA adapter {name!r}: rank {rank} is above the supported {MAX_LORA_RANK}")
     alpha = float(config["lora_alpha"])
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    projections = base.family.lora_targets  # PEFT's module name -> the block holding it
     halves: dict[tuple[int, str], dict[str, Tensor]] = {}
     try:
         with safe_open(str(path / ADAPTER_WEIGHTS), framework="pt", device="cpu") as handle:
@@ -136,11 +133,11 @@ def read_adapter(name: str, path: Path, base: ModelConfig, dtype: torch.dtype) -
                 if match is None:
                     raise ConfigError(
                         f"LoRA adapter {name!r}: tensor {key!r} targets no supported module (LoRA may target "
-                        f"{', '.join(PROJECTIONS)} of the decoder layers)"
+                        f"{', '.join(projections)} of the decoder layers)"
                     )
                 layer, block, projection, half = int(match[1]), match[2], match[3], match[4]
-                if PROJECTIONS.get(projection) != block:
-                    raise ConfigError(f"LoRA adapter {name!r}: unknown target {block}.{projection} in {key!r}; supported: {', '.join(PROJECTIONS)}")
+                if projections.get(projection) != block:
+                    raise ConfigError(f"LoRA adapter {name!r}: unknown target {block}.{projection} in {key!r}; supported: {', '.join(projections)}")
                 if layer >= base.num_layers:
                     raise ConfigError(f"LoRA adapter {name!r}: {key!r} is for layer {layer}; the base model has {base.num_layers} layers (a different base model?)")
                 halves.setdefault((layer, projection), {})[half] = handle.get_tensor(key).to(dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -17,31 +17,22 @@ from tgictl.kernels.prepacked import can_prepack, prepack_weights
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.layers.embedding import ParallelLMHead
+from tgictl.runtime.shard.families import FAMILIES, supported_model_types
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
-from tgictl.runtime.shard.models.llama import LlamaForCausalLM, MistralForCausalLM
-from tgictl.runtime.shard.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
+from tgictl.runtime.shard.models.decoder import DecoderForCausalLM
 from tgictl.runtime.shard.weights import Weights
 
 logger = logging.getLogger(__name__)
 
-MODEL_FAMILIES: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
-    {
-        "llama": LlamaForCausalLM,
-        "mistral": MistralForCausalLM,
-        "qwen2": Qwen2ForCausalLM,
-        "qwen3": Qwen3ForCausalLM,
-        "mixtral": MistralForCausalLM,  # its sparse layers: config.moe (layers/moe/)
-        "qwen3_moe": Qwen3ForCausalLM,
-    }
-)
+# The model class of every family of families.FAMILIES (the one list of families; a test holds the two to the
+# same names). Every family shares one class: what differs is data (FamilySpec; the experts of an MoE
+# family: ModelConfig.moe).
+ModelClass = Callable[..., CausalLM]  # (config, weights, *, dtype, device, dist) -> the loaded model
+MODEL_FAMILIES: Mapping[str, ModelClass] = MappingProxyType(dict.fromkeys(FAMILIES, DecoderForCausalLM))
 
 
-def supported_model_types() -> list[str]:
-    return sorted(MODEL_FAMILIES)
-
-
-def model_class(model_type: str) -> type[LlamaForCausalLM]:
+def model_class(model_type: str) -> ModelClass:
     try:
         return MODEL_FAMILIES[model_type]
     except KeyError:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tgictl.kernels import fused
 from tgictl.kernels.linear_methods import LinearWeight
 from tgictl.kernels.moe import ExpertGroups
-from tgictl.runtime.shard.layers.mlp import GatedMLP
+from tgictl.runtime.shard.layers.mlp import gated_activation
 from tgictl.runtime.shard.moe_config import MoEConfig
 from tgictl.runtime.shard.weights import Weights
 
@@ -62,7 +62,7 @@ class Experts(nn.Module):
         """Expert `expert`'s MLP on x [rows, hidden] -> [rows, hidden] (this rank's part of it)."""
         gate_up = self.gate_up[expert](x)
         activated = fused.silu_mul(gate_up) if fused_activation else None
-        return self.down[expert](GatedMLP.torch_activation(gate_up) if activated is None else activated)
+        return self.down[expert](gated_activation(gate_up, "silu") if activated is None else activated)
 
     def forward(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """x: [tokens, hidden]; ids, weights: the router's [tokens, top_k] -> each token's weighted sum of its
