@@ -37,7 +37,7 @@ from tgictl.runtime.profile.budgets import model_shape, weight_bytes_per_shard
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.layers.mlp import GatedMLP
 from tgictl.runtime.shard.layers.moe import SparseMoE
-from tgictl.runtime.shard.models.registry import load_model, weight_bytes
+from tgictl.runtime.shard.models.registry import load_model, packing_candidates, weight_bytes
 from tgictl.runtime.shard.moe_config import MIXTRAL_NAMES, QWEN_MOE_NAMES
 
 CPU = torch.device("cpu")
@@ -67,6 +67,15 @@ def test_dense_and_sparse_layers_follow_the_config(variant_dirs: dict[str, Path]
     kinds = [type(layer.mlp) for layer in model.layers]
     assert kinds == [GatedMLP, SparseMoE, GatedMLP, SparseMoE]  # layer 0 listed, then every second layer
     assert model.plain_layer_stack() is None  # an MoE model never runs the dense C decode loop
+
+
+def test_experts_get_no_packed_copy(variant_dirs: dict[str, Path]) -> None:
+    """A oneDNN copy of every expert would double most of an MoE model's bytes for rows a decode step rarely has."""
+    model = load(variant_dirs["mixtral"], torch.bfloat16)
+    candidates = {id(w) for w in packing_candidates(model)}
+    experts = model.layers[0].mlp.experts
+    assert not candidates & {id(w) for w in (*experts.gate_up, *experts.down)}
+    assert id(model.layers[0].attention.qkv.weight) in candidates
 
 
 def _prompts(count: int) -> list[list[int]]:

@@ -5,7 +5,8 @@ one weight as in the dense MLP (layers/mlp.py), every projection a `LinearWeight
 Two forwards compute the same sum:
 - `forward`, the grouped path the shard runs: the token-expert pairs sorted by expert once (kernels/moe.py), then
   one product per active expert on its contiguous rows (one read of its weights for all its tokens; experts no
-  token chose are never read), and one weighted sum back to the tokens;
+  token chose are never read), and one weighted sum back to the tokens. On CPUs the experts of few rows (a decode
+  step's) run in one compiled call (kernels/moe_experts.py) that makes the same kernel calls as `expert_mlp`;
 - `reference`, a plain loop over every expert with a mask of the tokens that chose it, as transformers' eager
   experts run: what the grouped path is tested against.
 
@@ -18,12 +19,15 @@ experts fall on another), and uneven splits work as they do for the dense MLP.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from tgictl.kernels import fused
 from tgictl.kernels.linear_methods import LinearWeight
 from tgictl.kernels.moe import ExpertGroups
+from tgictl.kernels.moe_experts import ExpertStack, Span, native_experts
 from tgictl.runtime.shard.layers.mlp import gated_activation
 from tgictl.runtime.shard.moe_config import MoEConfig
 from tgictl.runtime.shard.weights import Weights
@@ -36,6 +40,7 @@ class Experts(nn.Module):
             raise ValueError("every expert needs a gate_up and a down weight")
         self.gate_up = nn.ModuleList(gate_up)  # expert e: [2 * intermediate_per_rank, hidden]: gate rows, then up
         self.down = nn.ModuleList(down)  # expert e: [hidden, intermediate_per_rank]
+        self._stack: ExpertStack | bool | None = None  # expert_stack(): None until decided
 
     @classmethod
     def load(cls, weights: Weights, layer_prefix: str, moe: MoEConfig) -> Experts:
@@ -68,11 +73,24 @@ class Experts(nn.Module):
         """x: [tokens, hidden]; ids, weights: the router's [tokens, top_k] -> each token's weighted sum of its
         experts' outputs (this rank's part), [tokens, hidden] float32."""
         groups = ExpertGroups.build(ids, self.num_experts)
-        rows = groups.gather(x)  # [pairs, hidden], grouped by expert
+        return groups.combine(self.grouped_outputs(groups.gather(x), groups.spans), weights)
+
+    def grouped_outputs(self, rows: Tensor, spans: Sequence[Span]) -> Tensor:
+        """rows: [pairs, hidden] grouped by expert, spans: each active expert's (expert, first, stop) rows ->
+        [pairs, hidden], each row's expert output: one product per active expert."""
         outputs = torch.empty_like(rows)
-        for expert, start, stop in groups.spans:
+        stack = self.expert_stack()
+        left = spans if stack is None else native_experts(stack, rows, spans, outputs)
+        for expert, start, stop in left:  # those the C loop did not take (a prompt's many rows, float32)
             outputs[start:stop] = self.expert_mlp(expert, rows[start:stop])
-        return groups.combine(outputs, weights)
+        return outputs
+
+    def expert_stack(self) -> ExpertStack | None:
+        """The experts as csrc/moe_experts.c reads them; decided once, on the first forward (after load, when the
+        weights no longer move)."""
+        if self._stack is None:
+            self._stack = ExpertStack.build(list(self.gate_up), list(self.down)) or False
+        return self._stack or None
 
     def reference(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """`forward` as a loop over every expert, in torch ops: the tokens that chose it, its MLP on them, their

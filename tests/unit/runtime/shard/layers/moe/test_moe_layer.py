@@ -113,11 +113,12 @@ def test_grouped_path_equals_the_reference_loop(rows: int, dtype: torch.dtype, q
     torch.testing.assert_close(grouped, reference, rtol=1e-6, atol=1e-6)
 
 
-def test_one_row_reads_only_its_chosen_experts() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the Python loop; the compiled one
+def test_one_row_reads_only_its_chosen_experts(dtype: torch.dtype) -> None:
     """Every expert a decode row did not choose holds NaN weights: the row's output is unchanged and finite."""
-    config, block = _transformers_block("qwen3_moe", torch.float32, seed=7)
+    config, block = _transformers_block("qwen3_moe", dtype, seed=7)
     moe = _ours("qwen3_moe", block, config)
-    x = _inputs(1, torch.float32, seed=11)
+    x = _inputs(1, dtype, seed=11)
     with torch.inference_mode():
         expected = moe(x)
         chosen = set(moe.router(x)[0][0].tolist())
