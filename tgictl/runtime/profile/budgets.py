@@ -493,7 +493,9 @@ def compute_budgets(
         target=target,
         dtype=Figure(dtype, dtype_source),
         weight_bytes_per_shard=Figure(weights, weights_source),
-        model_flops_per_token=Figure(flops, "TGI launcher formula"),
+        model_flops_per_token=Figure(flops, "TGI launcher formula" + (
+            f" (the {shape.experts_per_token} routed of {shape.num_experts} experts and the router)"
+            if shape.num_experts > 1 else "")),
         attention_heads_per_shard=Figure(
             tuple(split.q_count for split in attention_split(shape, n)),
             "query heads per shard: KV-head groups as evenly as possible, KV heads "
