@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from tgictl.errors import ConversionError
 from tgictl.kernels.linear_methods import GGUFWeight, Int4Weight
 from tgictl.runtime.gguf_reader import read_gguf
+from tgictl.runtime.model_files.convert_gguf import convert_gguf
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
 from tgictl.runtime.model_files.gguf_moe import moe_fields
 from tgictl.runtime.shard.dist import DistContext
@@ -108,3 +109,10 @@ def test_missing_expert_width_is_a_conversion_error(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ConversionError, match="expert_feed_forward_length"):
         moe_fields(read_gguf(path))
+
+
+def test_convert_refuses_an_moe_file_in_one_line(gguf_files: Callable[[str], Path], tmp_path: Path) -> None:
+    """`tgictl convert` dequantizes through transformers, which would drop Mixtral's experts: refused, not wrong."""
+    with pytest.raises(ConversionError, match="is a mixture of experts \\(mixtral\\).*--model-id FILE.gguf"):
+        convert_gguf(gguf_files("mixtral Q8_0"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
