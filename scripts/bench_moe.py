@@ -158,8 +158,9 @@ def main() -> None:
             ratio = value / ms["tgictl grouped"]  # type: ignore[index]
             print(f"  {name:26s} {value:9.3f} ms  {ratio:6.2f}x tgictl grouped")
         total = sum(parts.values())  # type: ignore[union-attr]
-        print("  tgictl grouped, where the time goes: " + ", ".join(
-            f"{name} {value:.3f} ms ({100 * value / total:.0f}%)" for name, value in parts.items()))  # type: ignore[union-attr]
+        shares = [f"{name} {value:.3f} ms ({100 * value / total:.0f}%)"
+                  for name, value in parts.items()]  # type: ignore[union-attr]
+        print("  tgictl grouped, where the time goes: " + ", ".join(shares))
         print(f"  expert products read their weights at {result['expert_gb_per_s']:.1f} GB/s")
     if args.json is not None:
         args.json.write_text(json.dumps({"shape": vars(args) | {"json": None}, "results": results}, indent=2) + "\n")

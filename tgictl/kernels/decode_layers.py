@@ -67,7 +67,8 @@ class LayerStack:
     """Consecutive decoder layers as the C loop reads them (pointers into tensors the model holds: the
     stack keeps them referenced, and weights never move after load)."""
 
-    def __init__(self, shape: LayerShape, layers: Sequence[PlainLayer], descriptors: Sequence[LinearDescriptor]) -> None:
+    def __init__(self, shape: LayerShape, layers: Sequence[PlainLayer],
+                 descriptors: Sequence[LinearDescriptor]) -> None:
         self.shape = shape
         self.count = len(layers)
         self._layers = tuple(layers)  # keeps every pointer's tensor alive

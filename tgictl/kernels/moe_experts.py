@@ -66,8 +66,8 @@ class ExpertStack:
         weights = (*gate_up, *down)
         max_rows = AMX_FIRST_MAX_ROWS if all(runs_many_rows(w) for w in weights) else SMALL_LINEAR_MAX_ROWS[
             torch.bfloat16]
-        return cls(weights, [d for d in up_descriptors if d is not None], [d for d in down_descriptors if d is not None],
-                   hidden, inter, max_rows)
+        return cls(weights, [d for d in up_descriptors if d is not None],
+                   [d for d in down_descriptors if d is not None], hidden, inter, max_rows)
 
 
 def native_experts(stack: ExpertStack, rows: Tensor, spans: Sequence[Span], out: Tensor) -> Sequence[Span]:

@@ -42,8 +42,8 @@ def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force
     architecture = check_architecture(gguf_path, supported_architectures())
     experts = moe_fields(read_gguf(gguf_path))
     if experts:  # transformers' GGUF loader drops Mixtral's experts and misreads Qwen3-MoE's width
-        raise ConversionError(f"{gguf_path.name} is a mixture of experts ({experts['model_type']}); transformers cannot "
-                              "dequantize it whole: serve the file itself (--model-id FILE.gguf, docs/moe.md)")
+        raise ConversionError(f"{gguf_path.name} is a mixture of experts ({experts['model_type']}); transformers "
+                              "cannot dequantize it whole: serve the file itself (--model-id FILE.gguf, docs/moe.md)")
 
     # debug: the callers say why they convert (hub.py logs its one line for the default model).
     log.debug("converting %s (%s) to %s in %s", gguf_path.name, architecture, output, dtype)
