@@ -1,7 +1,7 @@
 """An MoE layer's active experts in one compiled call (csrc/moe_experts.c) where the step allows it (docs/moe.md).
 
 Why: a decode step routes each row to k experts, and each active expert multiplies a row or a few; as Python calls
-that is three kernel calls per expert with the Python around them (~70 us per expert on 2 Zen 5 cores), several
+that is three kernel calls per expert with the Python around them (~70 us per expert on 2 AMD EPYC cores), several
 times the time its weights take to read. The C loop makes the same calls with the same arguments in the same order,
 so it returns the Python experts' outputs bit for bit (tests/unit/kernels/test_moe_experts.py holds it to them).
 
