@@ -5,8 +5,8 @@
  * expert on 2 AMD EPYC cores with AVX512-BF16 against ~20 us of reading its weights (hidden 512, experts of 256,
  * bf16). This makes the same calls with the same arguments in the same order as Experts.expert_mlp
  * (runtime/shard/layers/moe/experts.py) on the same kernels (linear_desc.h), so its outputs are those of the Python
- * path bit for bit where the Python dispatch takes those kernels (dense bf16 rows always; int4 tiles and int8 rows unless the dispatch table measured
- * torch's kernel faster for that shape, as in csrc/decode_layers.c).
+ * path bit for bit where the Python dispatch takes those kernels (dense bf16 rows always; int4 tiles and int8 rows
+ * unless the dispatch table measured torch's kernel faster for that shape, as in csrc/decode_layers.c).
  *
  * x:      [pairs, hidden] bf16, the token rows of every active expert, grouped by expert;
  * spans:  [active, 3] int64 (expert, first row, row after the last) in x;
