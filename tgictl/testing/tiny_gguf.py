@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,14 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "qwen3": {"num_heads": 2, "num_kv_heads": 1},
     "gemma2": {"query_pre_attn_scalar": 64, "tie_word_embeddings": True},  # llama.cpp writes no separate head
     "gemma3_text": {"query_pre_attn_scalar": 64, "final_logit_softcapping": None},  # Gemma 3 has none
+    "mixtral": {"intermediate_size": 64},  # the experts' width
+    "qwen3_moe": {"moe_intermediate_size": 64},
 }
 # Architectures whose q/k rows llama.cpp permutes, and those whose norms it stores as 1 + w.
 _PERMUTED = ("llama",)
 _NORM_PLUS_ONE = ("gemma2", "gemma3")
+# One expert's projection in an HF checkpoint; llama.cpp's converter stacks a layer's experts per projection.
+_EXPERT = re.compile(r"^(?P<stem>.+\.experts)\.(?P<expert>\d+)\.(?P<projection>[^.]+)\.weight$")
 
 
 def every_projection(type_name: str) -> TypeChoice:
@@ -130,6 +135,12 @@ def _add_metadata(writer: Any, arch: str, config: dict[str, Any], model_dir: Pat
     _add_family_metadata(writer, arch, config)
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
     writer.add_vocab_size(config["vocab_size"])
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        if config.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
     vocab: dict[str, int] = dict(tokenizer["model"]["vocab"])
     for added in tokenizer["added_tokens"]:
@@ -148,6 +159,11 @@ def _add_metadata(writer: Any, arch: str, config: dict[str, Any], model_dir: Pat
     writer.add_chat_template(CHATML_TEMPLATE)
 
 
+def source_dir(path: Path, work_dir: Path | None = None) -> Path:
+    """Where write_tiny_gguf(path, work_dir=...) writes the safetensors model the file is made from."""
+    return (work_dir or path.parent) / f"{path.stem}-source"
+
+
 def write_tiny_gguf(path: Path, family: str = "llama", *, types: TypeChoice | None = None, seed: int = 0,
                     work_dir: Path | None = None, **model_options: Any) -> Path:
     """Write a tiny `family` model as the GGUF file `path` and return `path`.
@@ -163,7 +179,7 @@ def write_tiny_gguf(path: Path, family: str = "llama", *, types: TypeChoice | No
     arch = {name: value for value, name in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
     options = {"hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2,
                **_OPTIONS.get(family, {}), **model_options}
-    source = write_tiny_model((work_dir or path.parent) / f"{path.stem}-source", family, seed=seed, **options)
+    source = write_tiny_model(source_dir(path, work_dir), family, seed=seed, **options)
     config = json.loads((source / "config.json").read_text())
     tensors = load_file(str(source / "model.safetensors"))
     choose = types or every_projection("Q8_0")
@@ -175,7 +191,7 @@ def write_tiny_gguf(path: Path, family: str = "llama", *, types: TypeChoice | No
     _add_metadata(writer, arch_name, config, source)
     for gguf_name, data in _extra_tensors(arch_name, config).items():
         writer.add_tensor(gguf_name, data)
-    for hf_name, value in sorted(tensors.items()):
+    for hf_name, value in sorted(_stack_experts(tensors).items()):
         stem, _, suffix = hf_name.rpartition(".")
         mapped = names.get_name(stem)
         if mapped is None and hf_name == "lm_head.weight":
@@ -188,16 +204,68 @@ def write_tiny_gguf(path: Path, family: str = "llama", *, types: TypeChoice | No
                     data = llama_permute(data, count)
         if arch_name in _NORM_PLUS_ONE and gguf_name.endswith("norm.weight"):
             data = data + 1
-        type_name = choose(gguf_name) if data.ndim == 2 else "F32"
+        type_name = choose(gguf_name) if data.ndim >= 2 else "F32"
         if type_name == "F32":
             writer.add_tensor(gguf_name, data)
         elif type_name == "F16":
             writer.add_tensor(gguf_name, data.astype(np.float16))
         else:
             qtype = gguf.GGMLQuantizationType[type_name]
-            writer.add_tensor(gguf_name, quantized_blocks(type_name, data, rng), raw_dtype=qtype)
+            blocks = quantized_blocks(type_name, data.reshape(-1, data.shape[-1]), rng)
+            writer.add_tensor(gguf_name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _stack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A layer's experts as llama.cpp's converter writes them: one [experts, out, in] tensor per projection, under
+    the HF name without the expert's index (gguf-py's TensorNameMap maps that to `blk.N.ffn_gate_exps`)."""
+    stacked: dict[str, dict[int, np.ndarray]] = {}
+    out: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        match = _EXPERT.match(name)
+        if match is None:
+            out[name] = value
+        else:
+            stacked.setdefault(f"{match['stem']}.{match['projection']}.weight", {})[int(match["expert"])] = value
+    for name, experts in stacked.items():
+        out[name] = np.stack([experts[e] for e in range(len(experts))])
+    return out
+
+
+def dequantized_checkpoint(gguf_path: Path, source: Path, out: Path) -> Path:
+    """The HF model directory holding exactly the values `gguf_path` stores (blocks dequantized by gguf-py, llama's
+    q/k rows put back, experts unstacked), with the config and tokenizer of `source` (write_tiny_gguf's model):
+    transformers on it is the oracle where transformers cannot load the GGUF itself (Mixtral, written as llama)."""
+    import shutil
+
+    import gguf
+    from safetensors.numpy import load_file, save_file
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    stored = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
+    config = json.loads((source / "config.json").read_text())
+    arch_name = ARCHITECTURES[config["model_type"]]
+    arch = {name: value for value, name in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
+    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    heads = {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
+    tensors = {}
+    for hf_name in load_file(str(source / "model.safetensors")):
+        match = _EXPERT.match(hf_name)
+        stem = f"{match['stem']}.{match['projection']}" if match else hf_name.rpartition(".")[0]
+        gguf_name = f"{names.get_name(stem)}.{hf_name.rpartition('.')[2]}"
+        value = stored[gguf_name][int(match["expert"])] if match else stored[gguf_name]
+        if arch_name in _PERMUTED:
+            for marker, count in heads.items():
+                if marker in gguf_name:  # llama_permute undone: (heads, half, 2) rows back to (heads, 2, half)
+                    value = value.reshape(count, value.shape[0] // count // 2, 2, -1).swapaxes(1, 2).reshape(
+                        value.shape)
+        tensors[hf_name] = np.ascontiguousarray(value)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, out / name)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out

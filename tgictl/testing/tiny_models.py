@@ -97,6 +97,12 @@ FAMILIES: dict[str, Family] = {
     "granite": Family("granite", "GraniteConfig", tie_word_embeddings=False, defaults=(
         ("embedding_multiplier", 3.0), ("residual_multiplier", 0.5), ("attention_multiplier", 0.1),
         ("logits_scaling", 2.0))),
+    # Mixture of experts: enough experts that the rows of a short batch are routed to different ones.
+    "mixtral": Family("mixtral", "MixtralConfig", tie_word_embeddings=False, defaults=(
+        ("sliding_window", None), ("num_local_experts", 8), ("num_experts_per_tok", 2))),
+    "qwen3_moe": Family("qwen3_moe", "Qwen3MoeConfig", tie_word_embeddings=True, defaults=(
+        ("num_experts", 16), ("num_experts_per_tok", 4), ("moe_intermediate_size", 32), ("norm_topk_prob", True),
+        ("use_sliding_window", False), ("attention_bias", False))),
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -104,13 +110,14 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 def window_options(family: str, window: int) -> dict[str, Any]:
     """write_tiny_model options that turn on `family`'s sliding windows of `window` positions, as its config
-    does: every layer (Mistral, Phi-3), alternate layers (Gemma 2, Gemma 3 with sliding_window_pattern 2), the
-    layers from max_window_layers on (Qwen), the layers without positions (SmolLM3); {} for a family without."""
-    if family in ("mistral", "phi3", "gemma2", "gemma3_text"):
+    does: every layer (Mistral, Mixtral, Phi-3, Qwen3-MoE), alternate layers (Gemma 2, Gemma 3 with
+    sliding_window_pattern 2), the layers from max_window_layers on (Qwen), the layers without positions (SmolLM3);
+    {} for a family without."""
+    if family in ("mistral", "mixtral", "phi3", "gemma2", "gemma3_text"):
         return {"sliding_window": window}
     if family in ("qwen2", "qwen3"):
         return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 1}
-    if family == "smollm3":
+    if family in ("smollm3", "qwen3_moe"):
         return {"use_sliding_window": True, "sliding_window": window}
     return {}
 

@@ -17,6 +17,7 @@ from typing import Any
 from tgictl.errors import ConversionError
 from tgictl.runtime.gguf_reader import GGUFFormatError, read_gguf
 from tgictl.runtime.model_files.gguf_config import reconcile_config
+from tgictl.runtime.model_files.gguf_moe import moe_fields
 
 # tokenizer_config.json keys that describe where the tokenizer was loaded from, not the tokenizer.
 _LOAD_TIME_KEYS = ("is_local", "local_files_only", "gguf_file", "name_or_path")
@@ -34,10 +35,12 @@ def gguf_architecture(path: Path) -> str:
 
 
 def supported_architectures() -> list[str]:
-    """The GGUF architectures transformers can read."""
+    """The GGUF architectures transformers can read, as files name them (transformers lists llama.cpp's `qwen3moe`
+    under its own model type, `qwen3_moe`)."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+    file_names = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+    return sorted(file_names.get(a, a) for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
 
 
 def check_architecture(gguf_path: Path, known: list[str]) -> str:
@@ -82,6 +85,7 @@ def fix_model_config(path: Path, gguf_path: Path) -> None:
     except GGUFFormatError as err:
         raise ConversionError(f"{gguf_path} is not a GGUF checkpoint ({err})") from None
     config = reconcile_config(config, header)  # what transformers' reader drops (gguf_config.py)
+    config.update(moe_fields(header))  # and the experts' settings (gguf_moe.py)
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

@@ -16,6 +16,7 @@ from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
 from tgictl.runtime.profile.family_shape import FamilyShape, family_shape, windowed_kv
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
+from tgictl.runtime.shard.moe_config import moe_config
 from tgictl.runtime.tensor_parallel import HeadSplit, head_splits
 from tgictl.runtime.router.scheduling.limits import DEFAULT_MAX_BATCH_PREFILL_TOKENS
 
@@ -51,6 +52,15 @@ class ModelShape:
     shared_experts: int
     is_vlm: bool
     family: FamilyShape = FamilyShape()  # norms, biases, sliding windows (family_shape.py)
+    # Layers of an MoE model whose MLP is one dense MLP of dense_intermediate_size instead of the experts
+    # (Qwen3-MoE's mlp_only_layers and decoder_sparse_step; runtime/shard/moe_config.py says which).
+    dense_mlp_layers: int = 0
+    dense_intermediate_size: int = 0
+
+    @property
+    def sparse_layers(self) -> int:
+        """Layers whose MLP is the experts (every layer of a dense model, as one expert)."""
+        return self.num_layers - self.dense_mlp_layers
 
 
 def _int(config: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
@@ -81,6 +91,8 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     moe = num_experts > 1
     inter_keys = ("moe_intermediate_size", "intermediate_size") if moe else ("intermediate_size",)
     num_layers = _int(text, "num_hidden_layers", "n_layer")
+    served_moe = moe_config(text, num_layers) if moe else None  # the families the shard serves: their layers
+    dense_layers = 0 if served_moe is None else num_layers - served_moe.num_sparse_layers
     return ModelShape(
         model_type=str(config.get("model_type", "")),
         hidden_size=hidden,
@@ -97,6 +109,8 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         shared_experts=_int(text, "n_shared_experts", default=0),
         is_vlm=is_vlm,
         family=family_shape(config, text, num_layers, hidden, head_dim),
+        dense_mlp_layers=dense_layers,
+        dense_intermediate_size=_int(text, "intermediate_size", default=4 * hidden) if dense_layers else 0,
     )
 
 
@@ -220,13 +234,17 @@ def parameter_counts(shape: ModelShape, num_shard: int) -> ParameterCounts:
     first = attention_split(shape, n)[0]
     q_cols = first.q_count * shape.head_dim
     kv_cols = first.kv_count * shape.head_dim
+    # Every expert's intermediate features are split over the shards, as a dense MLP's are (docs/moe.md), so each
+    # shard holds a slice of every expert; a dense layer of an MoE model has its own width.
     inter = _ceil_div(shape.intermediate_size, n)
-    experts = shape.num_experts + shape.shared_experts
+    dense_inter = _ceil_div(shape.dense_intermediate_size, n)
+    sparse, dense = shape.sparse_layers, shape.dense_mlp_layers
+    mlp_columns = sparse * inter * (shape.num_experts + shape.shared_experts) + dense * dense_inter
     projections = (
-        (h, layers * (h * (q_cols + 2 * kv_cols) + 2 * h * inter * experts)),  # q, k, v, gate, up: read hidden
+        (h, layers * h * (q_cols + 2 * kv_cols) + 2 * h * mlp_columns),  # q, k, v, gate, up: read hidden
         (q_cols, layers * q_cols * h),  # o
-        (inter, layers * inter * h * experts),  # down
-    )
+        (inter, sparse * inter * h * (shape.num_experts + shape.shared_experts)),  # down
+    ) + (((dense_inter, dense * dense_inter * h),) if dense else ())  # the dense layers' down
     family = shape.family
     bias = (q_cols + 2 * kv_cols if family.qkv_bias else 0) + (h if family.o_bias else 0) \
         + (2 * inter + h if family.mlp_bias else 0)
@@ -237,7 +255,7 @@ def parameter_counts(shape: ModelShape, num_shard: int) -> ParameterCounts:
     return ParameterCounts(
         projections=projections,
         vocab=vocab if shape.tie_word_embeddings else 2 * vocab,
-        other=layers * (bias + router) + norms,
+        other=layers * bias + sparse * router + norms,  # biases, the routers, the norms
         float32=norms if family.norms_in_float32 else 0,
     )
 
@@ -267,18 +285,22 @@ def weight_bytes_per_shard(
 
 def model_flops_per_token(shape: ModelShape) -> int:
     """TGI's launcher formula (§4.3): per layer 2·H·hd·(heads [q] + kv [k] + kv [v] + heads [attn] +
-    heads [o]) + 2·3·H·inter·(experts_per_token + shared_experts) for the gated MLP."""
+    heads [o]) + 2·3·H·inter·(experts_per_token + shared_experts) for the gated MLP; for an MoE model only the
+    experts a token is routed to count, plus the router's 2·H·experts, and a dense layer's MLP its own width."""
     h, hd = shape.hidden_size, shape.head_dim
     attention = 2 * h * hd * (3 * shape.num_heads + 2 * shape.num_kv_heads)
-    mlp = 2 * 3 * h * shape.intermediate_size * (shape.experts_per_token + shape.shared_experts)
-    return shape.num_layers * (attention + mlp)
+    experts = 2 * 3 * h * shape.intermediate_size * (shape.experts_per_token + shape.shared_experts)
+    router = 2 * h * shape.num_experts if shape.num_experts > 1 else 0
+    dense = 2 * 3 * h * shape.dense_intermediate_size
+    return shape.num_layers * attention + shape.sparse_layers * (experts + router) + shape.dense_mlp_layers * dense
 
 
 def activation_bytes_per_token(shape: ModelShape, num_shard: int, dtype_bytes: int) -> int:
     """Prefill activations alive at the MLP peak, per token and shard: the residual stream and its normed
-    copy (2·H) plus the gate/up output and the activated product (3·inter/N per routed expert). Logits
-    exist only for the last token of each request, so they are left out."""
+    copy (2·H) plus the gate/up output and the activated product (3·inter/N per routed expert, or of the
+    widest dense layer). Logits exist only for the last token of each request, so they are left out."""
     inter = _ceil_div(shape.intermediate_size, num_shard) * (shape.experts_per_token + shape.shared_experts)
+    inter = max(inter, _ceil_div(shape.dense_intermediate_size, num_shard))
     return (2 * shape.hidden_size + 3 * inter) * dtype_bytes
 
 
@@ -471,7 +493,9 @@ def compute_budgets(
         target=target,
         dtype=Figure(dtype, dtype_source),
         weight_bytes_per_shard=Figure(weights, weights_source),
-        model_flops_per_token=Figure(flops, "TGI launcher formula"),
+        model_flops_per_token=Figure(flops, "TGI launcher formula" + (
+            f" (the {shape.experts_per_token} routed of {shape.num_experts} experts and the router)"
+            if shape.num_experts > 1 else "")),
         attention_heads_per_shard=Figure(
             tuple(split.q_count for split in attention_split(shape, n)),
             "query heads per shard: KV-head groups as evenly as possible, KV heads "

@@ -135,6 +135,17 @@ def qwen3(config: Mapping[str, Any], dims: Dimensions) -> FamilySpec:
                       layers=_qwen_layers(config, dims))
 
 
+def mixtral(config: Mapping[str, Any], dims: Dimensions) -> FamilySpec:
+    """Mistral's attention (MixtralConfig's sliding_window defaults to none); the experts: moe_config.py."""
+    return FamilySpec(activation=_act(config), layers=_same_window(config, dims, _rope(config, dims), None))
+
+
+def qwen3_moe(config: Mapping[str, Any], dims: Dimensions) -> FamilySpec:
+    """Qwen3's attention; Qwen3-MoE has no max_window_layers: use_sliding_window's window holds on every layer. The
+    experts: moe_config.py."""
+    return qwen3({**config, "max_window_layers": 0}, dims)
+
+
 def _gemma(config: Mapping[str, Any], dims: Dimensions, ropes: Sequence[RopeConfig], default: Sequence[str],
            gemma3: bool) -> FamilySpec:
     """Gemma 2 and 3; absent keys take their transformers config classes' defaults. Gemma 3 adds per-head q/k norms,
@@ -236,6 +247,9 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({
     "smollm3": Family(smollm3, "smollm3"),
     "olmo2": Family(olmo2, "olmo2"),
     "granite": Family(granite, "granite"),
+    # Mixtures of experts: the experts replace the MLP (moe_config.py).
+    "mixtral": Family(mixtral, "llama"),  # llama.cpp writes Mixtral as llama with llama.expert_count
+    "qwen3_moe": Family(qwen3_moe, "qwen3moe"),
 })
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from tgictl.errors import ConfigError
 from tgictl.runtime.shard.families import Dimensions, family_spec
 from tgictl.runtime.shard.family_spec import FamilySpec
+from tgictl.runtime.shard.moe_config import MoEConfig, moe_config
 from tgictl.runtime.shard.rope_config import RopeConfig
 from tgictl.runtime.tensor_parallel import HeadSplit, head_split
 
@@ -33,6 +34,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # config.json's then generation_config.json's, deduplicated
     family: FamilySpec  # what the family does differently from Llama, one LayerSpec per layer
     bos_token_id: int | None = None
+    moe: MoEConfig | None = None  # the experts of a mixture-of-experts family (moe_config.py); None: dense
 
     @property
     def rope(self) -> RopeConfig | None:
@@ -88,6 +90,7 @@ class ModelConfig:
             eos_token_ids=_eos_ids(config, generation or {}),
             family=family_spec(config, dims),
             bos_token_id=_optional_int(config.get("bos_token_id")),
+            moe=moe_config(config, values["num_layers"]),
             **values,
         )
 

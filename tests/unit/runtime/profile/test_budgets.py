@@ -88,10 +88,29 @@ def test_vlm_config_reads_text_config_and_moe_counts_experts() -> None:
     vlm = model_shape({"model_type": "llava", "vision_config": {}, "text_config": dict(TINY)})
     assert vlm.is_vlm and vlm.hidden_size == 64 and vlm.num_layers == 2
     moe = model_shape(TINY | {"num_local_experts": 4, "num_experts_per_tok": 2})
-    # MLP FLOPs follow the 2 routed experts: 2·3·64·128·2 = 98304, attention 32768 → 131072 · 2
-    assert model_flops_per_token(moe) == 262144
+    # MLP FLOPs follow the 2 routed experts: 2·3·64·128·2 = 98304, the router 2·64·4 = 512, attention 32768
+    # → 131584 · 2
+    assert model_flops_per_token(moe) == 263168
     # every expert's weights are resident: MLP 3·64·128·4 = 98304 + router 64·4 = 256 per layer
     assert parameters_per_shard(moe, 1) == 139584 + 2 * (98304 - 24576 + 256)
+
+
+def test_qwen3_moe_dense_layers_have_their_own_width() -> None:
+    """mlp_only_layers and decoder_sparse_step leave layers with the dense MLP of intermediate_size; the sparse
+    ones hold every expert of moe_intermediate_size (and a router), and a token computes top_k of them."""
+    config = TINY | {"model_type": "qwen3_moe", "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2,
+                     "moe_intermediate_size": 32, "mlp_only_layers": [0], "decoder_sparse_step": 2}
+    shape = model_shape(config)
+    assert (shape.sparse_layers, shape.dense_mlp_layers, shape.intermediate_size) == (2, 2, 32)  # layers 1 and 3
+    attention = 2 * 64 * 16 * (3 * 4 + 2 * 2)
+    assert model_flops_per_token(shape) == (4 * attention + 2 * (2 * 3 * 64 * 32 * 2 + 2 * 64 * 8)
+                                            + 2 * 2 * 3 * 64 * 128)
+    dense = model_shape(TINY | {"model_type": "qwen3", "num_hidden_layers": 4})  # the same layers, dense MLPs of 128
+    experts_minus_dense = 2 * (3 * 64 * 32 * 8 + 64 * 8 - 3 * 64 * 128)
+    assert parameters_per_shard(shape, 1) == parameters_per_shard(dense, 1) + experts_minus_dense
+    # Two shards: every expert's 32 features split 16 + 16, the dense layers' 128 as 64 + 64.
+    assert parameters_per_shard(shape, 2) - parameters_per_shard(dense, 2) == 2 * (3 * 64 * 16 * 8 + 64 * 8
+                                                                                    - 3 * 64 * 64)
 
 
 def test_missing_or_bad_fields_are_named() -> None:

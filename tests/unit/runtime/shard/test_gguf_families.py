@@ -98,7 +98,7 @@ def test_q8_0_blocks_compute_their_dequantized_values(case: str, tmp_path: Path)
 
 
 def test_every_served_architecture_has_a_tiny_file() -> None:
-    assert set(ARCHITECTURES.values()) == {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}
+    assert set(ARCHITECTURES.values()) == {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe"}
 
 
 def test_an_unknown_rope_scaling_is_refused_in_one_line(tmp_path: Path) -> None:

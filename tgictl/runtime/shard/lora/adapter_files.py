@@ -6,7 +6,8 @@ rank or alpha patterns), a target outside the family's decoder projections (q/k/
 Phi-3's fused qkv_proj and gate_up_proj: FamilySpec.lora_targets), a rank above MAX_LORA_RANK,
 or factors whose shapes do not fit the base model (an adapter trained for another base model).
 Scaling is PEFT's: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora
-(docs/architecture.md, "Multi-LoRA").
+(docs/architecture.md, "Multi-LoRA"). A mixture-of-experts model's experts and routers are no target: an adapter
+for them is refused by name (docs/moe.md); its attention projections and dense MLP layers are.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MAX_LORA_RANK = 128
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# A factor of an MoE expert (Qwen3-MoE's mlp.experts.N.*, Mixtral's block_sparse_moe.experts.N.w1) or router.
+_MOE_KEY = re.compile(r"\.layers\.(\d+)\.(?:mlp\.experts\.|mlp\.gate\.|block_sparse_moe\.)")
 # PEFT options the serving path would silently ignore; each must be absent or have this value.
 _REQUIRED_DEFAULTS: dict[str, Any] = {
     "use_dora": False, "bias": "none", "fan_in_fan_out": False, "modules_to_save": None,
@@ -82,6 +85,9 @@ def _read_config(name: str, path: Path) -> dict[str, Any]:
         raise ConfigError(f"LoRA adapter {name!r}: {ADAPTER_CONFIG} is not a JSON object (a {type(config).__name__})")
     if config.get("peft_type", "LORA") != "LORA":
         raise ConfigError(f"LoRA adapter {name!r}: {ADAPTER_CONFIG} is not a LoRA config (peft_type {config.get('peft_type')!r})")
+    if config.get("target_parameters"):  # what PEFT adds for an MoE model's MLP targets: the experts' weights
+        raise ConfigError(f"LoRA adapter {name!r}: target_parameters={config['target_parameters']!r} (LoRA on the "
+                          "weights of MoE experts) is not supported; target the attention projections")
     for key, default in _REQUIRED_DEFAULTS.items():
         value = config.get(key, default)
         if value and value != default:  # absent, empty or the default: nothing ignored
@@ -90,6 +96,23 @@ def _read_config(name: str, path: Path) -> dict[str, Any]:
         if not isinstance(config.get(key), (int, float)) or config[key] <= 0:
             raise ConfigError(f"LoRA adapter {name!r}: {ADAPTER_CONFIG} needs a positive {key}, got {config.get(key)!r}")
     return config
+
+
+def _refuse_expert_target(name: str, key: str, base: ModelConfig) -> None:
+    """One line for a factor of an MoE expert or router, or of a dense MLP projection on a sparse layer."""
+    if base.moe is None:
+        return
+    moe_key, match = _MOE_KEY.search(key), _KEY.match(key)
+    if moe_key is not None:
+        layer = int(moe_key[1])
+    elif match is not None and match[2] == "mlp" and int(match[1]) < base.num_layers \
+            and base.moe.is_sparse(int(match[1])):
+        layer = int(match[1])
+    else:
+        return
+    raise ConfigError(f"LoRA adapter {name!r}: {key!r} targets the mixture of experts of layer {layer}; LoRA on "
+                      "experts and routers is not supported (target the attention projections, or the MLP of dense "
+                      "layers)")
 
 
 def read_adapter(name: str, path: Path, base: ModelConfig, dtype: torch.dtype) -> LoraAdapter:
@@ -106,6 +129,7 @@ def read_adapter(name: str, path: Path, base: ModelConfig, dtype: torch.dtype) -
         with safe_open(str(path / ADAPTER_WEIGHTS), framework="pt", device="cpu") as handle:
             for key in handle.keys():
                 match = _KEY.match(key)
+                _refuse_expert_target(name, key, base)
                 if match is None:
                     raise ConfigError(
                         f"LoRA adapter {name!r}: tensor {key!r} targets no supported module (LoRA may target "

@@ -1,7 +1,8 @@
 """The decoder-only transformer every served family is (Llama 2/3, SmolLM2/3, Mistral, Qwen2/3, Gemma 2/3, Phi-3,
-OLMo2, Granite): embeddings, decoder layers of the family's residual layout (decoder_layers.py), a final RMSNorm and
-the LM head, with what differs between families read from `config.family` (family_spec.py): norms, biases, q/k
-norms, rotary per layer, sliding windows, soft-caps and scalars. No family branches on its name here.
+OLMo2, Granite, and the mixtures of experts Mixtral and Qwen3-MoE): embeddings, decoder layers of the family's
+residual layout (decoder_layers.py), a final RMSNorm and the LM head, with what differs between families read from
+`config.family` (family_spec.py): norms, biases, q/k norms, rotary per layer, sliding windows, soft-caps and scalars;
+and `config.moe` (moe_config.py): which layers hold experts instead of the MLP. No family branches on its name here.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class DecoderForCausalLM(CausalLM):
         self.embed = VocabParallelEmbedding(embed, config.vocab_size, dist)
         layer_class = LAYER_CLASSES[spec.layout]
         self.layers = nn.ModuleList(
-            layer_class(config, weights, f"model.layers.{i}", layer) for i, layer in enumerate(spec.layers)
+            layer_class(config, weights, i, layer) for i, layer in enumerate(spec.layers)
         )
         self.norm = family_norm(weights.get("model.norm.weight"), config.rms_norm_eps, spec)
         if config.tie_word_embeddings or not weights.has("lm_head.weight"):
@@ -136,7 +137,7 @@ class DecoderForCausalLM(CausalLM):
         if self._plain_stack is None:
             self._plain_stack = False
             layers = list(self.layers)
-            if layers and self.config.family.runs_llama_loop():
+            if layers and self.config.family.runs_llama_loop() and self.config.moe is None:
                 attention, mlp = layers[0].attention, layers[0].mlp
                 shape = LayerShape(
                     hidden_size=self.config.hidden_size, heads=attention.num_heads, kv_heads=attention.num_kv_heads,

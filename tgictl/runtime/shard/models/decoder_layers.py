@@ -20,6 +20,7 @@ from tgictl.kernels.lora import StepAdapters
 from tgictl.runtime.shard.family_spec import LayerSpec
 from tgictl.runtime.shard.layers.attention import PagedAttention, family_norm
 from tgictl.runtime.shard.layers.mlp import GatedMLP
+from tgictl.runtime.shard.layers.moe import SparseMoE
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.weights import Weights
 
@@ -30,14 +31,18 @@ class DecoderLayer(nn.Module):
     # attribute -> the norm's checkpoint name under the layer's prefix
     norm_names: dict[str, str] = {"input_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"}
 
-    def __init__(self, config: ModelConfig, weights: Weights, prefix: str, layer: LayerSpec) -> None:
+    def __init__(self, config: ModelConfig, weights: Weights, index: int, layer: LayerSpec) -> None:
         super().__init__()
         spec = config.family
+        prefix = f"model.layers.{index}"
         for attribute, name in self.norm_names.items():
             setattr(self, attribute, family_norm(weights.get(f"{prefix}.{name}.weight"), config.rms_norm_eps, spec))
         self.attention = PagedAttention(config, weights, f"{prefix}.self_attn", layer)
-        self.mlp = GatedMLP.load(weights, f"{prefix}.mlp", bias=spec.mlp_bias, activation=spec.activation,
-                                 fused_gate_up=spec.fused_gate_up)
+        # A mixture-of-experts family's sparse layers hold experts (config.moe, layers/moe/) instead of the MLP.
+        self.mlp: GatedMLP | SparseMoE = SparseMoE.load(weights, prefix, config.moe) \
+            if config.moe is not None and config.moe.is_sparse(index) \
+            else GatedMLP.load(weights, f"{prefix}.mlp", bias=spec.mlp_bias, activation=spec.activation,
+                               fused_gate_up=spec.fused_gate_up)
         self.residual_scale = spec.residual_scale
 
     def scaled(self, x: Tensor) -> Tensor:
@@ -70,9 +75,11 @@ class DecoderLayer(nn.Module):
         computes (this class, no biases, no q/k norms, SiLU, one rank; the family spec and the loop check the
         rest), else None."""
         attention, mlp = self.attention, self.mlp
+        if type(mlp) is not GatedMLP:  # an MoE layer never runs the dense loop
+            return None
         input_norm, post_norm = self.input_norm, self.post_attention_norm
         linears = (attention.qkv, attention.o_proj, mlp.gate_up, mlp.down)
-        if type(self) is not DecoderLayer or type(mlp) is not GatedMLP or mlp.activation != "silu" \
+        if type(self) is not DecoderLayer or mlp.activation != "silu" \
                 or attention.q_norm is not None or any(linear.bias is not None for linear in linears) \
                 or attention.o_proj.dist.is_sharded or mlp.down.dist.is_sharded \
                 or input_norm.eps != shape.eps or post_norm.eps != shape.eps or input_norm.weight_in_float32 \
