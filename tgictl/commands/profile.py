@@ -31,11 +31,9 @@ from tgictl.runtime.profile.budgets import (
     WARMUP_WIGGLE_ROOM,
     Budgets,
     BudgetSettings,
-    ModelShape,
     compute_budgets,
-    kv_heads_per_shard,
-    model_shape,
 )
+from tgictl.runtime.profile.model_shape import ModelShape, kv_heads_per_shard, model_shape
 from tgictl.runtime.profile.hardware import (
     Hardware,
     discover_hardware,

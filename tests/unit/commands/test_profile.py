@@ -17,7 +17,8 @@ from rich.console import Console
 from tgictl.commands.profile import profile_report, read_model_files, render_report
 from tgictl.errors import ModelNotFoundError
 from tgictl.runtime.host import CpuHost
-from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_shape
 from tgictl.runtime.profile.hardware import GpuDevice, Hardware, discover_gpus
 
 REPO = Path(__file__).resolve().parents[3]

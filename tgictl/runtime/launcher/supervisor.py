@@ -36,7 +36,7 @@ from tgictl.runtime.launcher.fleet_plan import require_gateway
 from tgictl.runtime.launcher.plan import LaunchPlan, build_plan, free_port
 from tgictl.runtime.model_files.resolve import load_model_config, resolve_model
 from tgictl.runtime.model_files.resolve_adapter import resolve_adapters
-from tgictl.runtime.profile.budgets import kv_heads_per_shard, model_shape
+from tgictl.runtime.profile.model_shape import kv_heads_per_shard, model_shape
 from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir
 
 log = logging.getLogger("tgictl.launcher")

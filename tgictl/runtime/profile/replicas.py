@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from tgictl.runtime.launcher.replica_cpus import format_cpu_list, numa_nodes, plan_replica_cpus, usable_cpus
-from tgictl.runtime.profile.budgets import Budgets, BudgetSettings, ModelShape, compute_budgets
+from tgictl.runtime.profile.budgets import Budgets, BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import ModelShape
 from tgictl.runtime.profile.hardware import Hardware
 
 

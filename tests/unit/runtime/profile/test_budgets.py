@@ -15,13 +15,8 @@ import pytest
 from tgictl.errors import ConfigError, UnsupportedModelError
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import CpuHost
-from tgictl.runtime.profile.budgets import (
-    BudgetSettings,
-    compute_budgets,
-    model_flops_per_token,
-    model_shape,
-    parameters_per_shard,
-)
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_flops_per_token, model_shape, parameters_per_shard
 from tgictl.runtime.profile.hardware import GpuDevice, Hardware, MatmulMeasurement
 
 GIB = 1 << 30

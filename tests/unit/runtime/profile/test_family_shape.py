@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_shape
 from tgictl.runtime.profile.family_shape import windowed_kv_bytes_per_token
 from tgictl.runtime.profile.hardware import GIB, CpuHost, Hardware
 

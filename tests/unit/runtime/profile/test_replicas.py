@@ -4,7 +4,8 @@ hold together checked against the RAM (hardware described, not discovered, as in
 from __future__ import annotations
 
 from tests.unit.runtime.profile.test_budgets import GIB, SMOLLM2, cpu_hardware
-from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_shape
 from tgictl.runtime.profile.replicas import replica_budgets, replica_hardware
 
 

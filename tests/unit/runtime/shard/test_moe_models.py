@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM
 from tgictl.errors import ConfigError, UnsupportedModelError
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.batch import ShardBatch
-from tgictl.runtime.profile.budgets import model_shape, weight_bytes_per_shard
+from tgictl.runtime.profile.model_shape import model_shape, weight_bytes_per_shard
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.layers.mlp import GatedMLP
 from tgictl.runtime.shard.layers.moe import SparseMoE

@@ -16,7 +16,7 @@ from tgictl.errors import ConfigError
 from tgictl.kernels import build_attention_metadata
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, Int8Weight, Role, linear_method
 from tgictl.quantization import QuantizeSpec
-from tgictl.runtime.profile.budgets import model_shape, weight_bytes_per_shard
+from tgictl.runtime.profile.model_shape import model_shape, weight_bytes_per_shard
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.layers.moe import SparseMoE
 from tgictl.runtime.shard.model_config import ModelConfig
