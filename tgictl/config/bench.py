@@ -55,34 +55,39 @@ class BenchConfig:
         if self.report is not None and self.url is None:
             raise ConfigError("--report plots HTTP load tests: it needs --url")
         if self.api not in BENCH_APIS:
-            raise ConfigError(f"api must be one of {', '.join(BENCH_APIS)}, got {self.api!r}")
+            raise ConfigError(f"--api must be one of {', '.join(BENCH_APIS)}, got {self.api!r}")
         if self.workload not in BENCH_WORKLOADS:
-            raise ConfigError(f"workload must be one of {', '.join(BENCH_WORKLOADS)}, got {self.workload!r}")
+            raise ConfigError(f"--workload must be one of {', '.join(BENCH_WORKLOADS)}, got {self.workload!r}")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"--url must be an http:// or https:// URL, got {self.url!r}")
         if self.workload == "file" and self.dataset is None:
-            raise ConfigError("the file workload needs --dataset PATH")
-        for name, bounds in (("input_len", self.input_len), ("output_len", self.output_len)):
+            raise ConfigError("--workload file needs --dataset PATH")
+        if self.dataset is not None and self.workload != "file":
+            raise ConfigError(f"--dataset needs --workload file (the {self.workload} workload makes its own prompts)")
+        for name, bounds in (("--input-len", self.input_len), ("--output-len", self.output_len)):
             if bounds is not None and not 1 <= bounds[0] <= bounds[1]:
                 raise ConfigError(f"{name} must satisfy 1 <= MIN <= MAX, got {bounds[0]}:{bounds[1]}")
-        positive = {"prefix_len": self.prefix_len, "groups": self.groups, "prompts_per_group": self.prompts_per_group,
-                    "sequence_length": self.sequence_length, "decode_length": self.decode_length, "runs": self.runs}
+        positive = {"--prefix-len": self.prefix_len, "--groups": self.groups, "--prompts-per-group": self.prompts_per_group,
+                    "--sequence-length": self.sequence_length, "--decode-length": self.decode_length,
+                    "--runs": self.runs}
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
-        for name, values in (("concurrency", self.concurrency), ("batch_sizes", self.batch_sizes)):
+        for name, values in (("--concurrency", self.concurrency), ("--batch-size", self.batch_sizes)):
             if not values or any(v < 1 for v in values):
                 raise ConfigError(f"{name} must be one or more integers >= 1, got {list(values)}")
         if any(not r > 0 for r in self.request_rate):
-            raise ConfigError(f"request_rate must be > 0 requests/s, got {list(self.request_rate)}")
+            raise ConfigError(f"--request-rate must be > 0 requests/s, got {list(self.request_rate)}")
         if self.num_requests is not None and self.num_requests < 1:
-            raise ConfigError(f"num_requests must be >= 1, got {self.num_requests}")
+            raise ConfigError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.duration_s is not None and not self.duration_s > 0:
-            raise ConfigError(f"duration_s must be > 0, got {self.duration_s}")
-        for name, value in (("warmup", self.warmup), ("warmups", self.warmups)):
+            raise ConfigError(f"--duration must be > 0 seconds, got {self.duration_s}")
+        for name, value in (("--warmup", self.warmup), ("--warmups", self.warmups)):
             if value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
-        for name, seconds in (("request_timeout_s", self.request_timeout_s),
+        for name, seconds in (("--request-timeout", self.request_timeout_s),
                               ("metrics_interval_s", self.metrics_interval_s)):
             if not seconds > 0:
                 raise ConfigError(f"{name} must be > 0, got {seconds}")
         if any(key not in ("ttft", "tpot", "e2e") or not seconds > 0 for key, seconds in self.slo):
-            raise ConfigError(f"slo entries must be ttft, tpot or e2e with seconds > 0, got {dict(self.slo)}")
+            raise ConfigError(f"--slo entries must be ttft, tpot or e2e with seconds > 0, got {dict(self.slo)}")

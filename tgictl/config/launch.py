@@ -24,6 +24,14 @@ GATEWAY_POLICIES: tuple[str, ...] = (
 )
 
 
+def check_replicas(replicas: int, replica_cpus: tuple[str, ...]) -> None:
+    """--replicas and --replica-cpus as `launch` and `profile` take them."""
+    if replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {replicas}")
+    if replicas == 1 and replica_cpus:
+        raise ConfigError("--replica-cpus needs --replicas 2 or more")
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """`tgictl launch`: N shard processes and one router, supervised together.
@@ -66,26 +74,23 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
         if self.num_shard < 1:
-            raise ConfigError(f"num_shard must be >= 1, got {self.num_shard}")
-        if self.replicas < 1:
-            raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.replicas == 1 and self.replica_cpus:
-            raise ConfigError("--replica-cpus needs --replicas 2 or more")
+            raise ConfigError(f"--num-shard must be >= 1, got {self.num_shard}")
+        check_replicas(self.replicas, self.replica_cpus)
         if self.gateway_policy not in GATEWAY_POLICIES:
             raise ConfigError(f"--gateway-policy must be one of {', '.join(GATEWAY_POLICIES)}, got {self.gateway_policy!r}")
         if self.replica_restart_delay_s < 0:
             raise ConfigError(f"replica_restart_delay_s must be >= 0, got {self.replica_restart_delay_s}")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
-            raise ConfigError(f"master_port must be in 1 .. 65535, got {self.master_port}")
+            raise ConfigError(f"--master-port must be in 1 .. 65535, got {self.master_port}")
         if not self.master_addr.strip():
-            raise ConfigError("master_addr must not be empty")
+            raise ConfigError("--master-addr must not be empty")
         if self.shard_uds_path is not None:
             if not self.shard_uds_path.is_absolute():
-                raise ConfigError(f"shard_uds_path must be an absolute path, got {str(self.shard_uds_path)!r}")
+                raise ConfigError(f"--shard-uds-path must be an absolute path, got {str(self.shard_uds_path)!r}")
             last_socket = f"{self.shard_uds_path}-{self.num_shard - 1}"
             if len(last_socket.encode()) > MAX_UDS_PATH_BYTES:
                 raise ConfigError(
-                    f"shard_uds_path {str(self.shard_uds_path)!r} is too long for a Unix socket: at most "
+                    f"--shard-uds-path {str(self.shard_uds_path)!r} is too long for a Unix socket: at most "
                     f"{MAX_UDS_PATH_BYTES} bytes with the '-{{rank}}' suffix"
                 )
         for name, value in (("shard_stop_timeout_s", self.shard_stop_timeout_s),

@@ -42,8 +42,8 @@ def parse_lora_adapters(text: str | None) -> tuple[LoraAdapterSpec, ...]:
         if not name or not source:
             raise ConfigError(f"--lora-adapters entries are name=PATH or a hub id[@revision], got {entry!r}")
         if name in (*BASE_MODEL_ALIASES, BASE_MODEL_LABEL):
-            raise ConfigError(f"LoRA adapter name {name!r} is reserved for the base model")
+            raise ConfigError(f"--lora-adapters: the name {name!r} is reserved for the base model")
         if any(s.name == name for s in specs):
-            raise ConfigError(f"LoRA adapter name {name!r} is given twice")
+            raise ConfigError(f"--lora-adapters: the name {name!r} is given twice")
         specs.append(LoraAdapterSpec(name, source, revision))
     return tuple(specs)

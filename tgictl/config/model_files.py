@@ -12,6 +12,12 @@ CONVERT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+def check_model_id(model_id: str) -> None:
+    """--model-id as every command that takes one checks it before resolving it."""
+    if not model_id.strip():
+        raise ConfigError("--model-id must not be empty")
+
+
 @dataclass(frozen=True)
 class HubConfig:
     """Where and how models are resolved and fetched from the Hugging Face hub."""
@@ -27,7 +33,7 @@ class HubConfig:
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
-            raise ConfigError(f"hub timeout_s must be > 0, got {self.timeout_s}")
+            raise ConfigError(f"HF_HUB_ETAG_TIMEOUT must be > 0 seconds, got {self.timeout_s}")
 
     def __repr__(self) -> str:  # keep the token out of logs and tracebacks
         return (
@@ -56,7 +62,7 @@ class DownloadConfig:
 
     def __post_init__(self) -> None:
         if not self.model_id.strip():
-            raise ConfigError("model_id must not be empty")
+            raise ConfigError("MODEL_ID must not be empty")
 
 
 @dataclass(frozen=True)
@@ -71,4 +77,4 @@ class ConvertConfig:
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in CONVERT_DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(CONVERT_DTYPES)}, got {self.dtype!r}")
+            raise ConfigError(f"--dtype must be one of {', '.join(CONVERT_DTYPES)}, got {self.dtype!r}")

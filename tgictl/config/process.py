@@ -18,7 +18,7 @@ class LogConfig:
 
     def __post_init__(self) -> None:
         if self.level.lower() not in LOG_LEVELS:
-            raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {self.level!r}")
+            raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.level!r}")
         object.__setattr__(self, "level", self.level.lower())
 
 
@@ -33,9 +33,9 @@ class TracingConfig:
 
     def __post_init__(self) -> None:
         if self.otlp_endpoint is not None and not self.otlp_endpoint.strip():
-            raise ConfigError("otlp_endpoint must not be empty")
+            raise ConfigError("--otlp-endpoint must not be empty")
         if not self.service_name.strip():
-            raise ConfigError("otlp_service_name must not be empty")
+            raise ConfigError("--otlp-service-name must not be empty")
 
 
 SHARD_SERVICE_SUFFIX = ".shard"

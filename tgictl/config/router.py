@@ -75,27 +75,28 @@ class RouterConfig:
         TracingConfig(self.otlp_endpoint, self.otlp_service_name)  # the same checks
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(
-                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
             )
         if self.kv_events_endpoint is None and (self.kv_events_replay_endpoint is not None or self.kv_events_topic):
             raise ConfigError("--kv-events-replay-endpoint and --kv-events-topic need --kv-events-endpoint")
+        # Keyed by the flag that sets each (max_new_tokens_per_round has none: it is the field's name).
         positive = {
-            "port": self.port,
-            "max_concurrent_requests": self.max_concurrent_requests,
-            "max_best_of": self.max_best_of,
-            "max_client_batch_size": self.max_client_batch_size,
-            "payload_limit": self.payload_limit,
-            "max_connections": self.max_connections,
-            "validation_workers": self.validation_workers,
+            "--port": self.port,
+            "--max-concurrent-requests": self.max_concurrent_requests,
+            "--max-best-of": self.max_best_of,
+            "--max-client-batch-size": self.max_client_batch_size,
+            "--payload-limit": self.payload_limit,
+            "--max-connections": self.max_connections,
+            "--validation-workers": self.validation_workers,
             "max_new_tokens_per_round": self.max_new_tokens_per_round,
-            "decode_steps": self.decode_steps,
+            "--decode-steps": self.decode_steps,
         }
         optional_positive = {
-            "max_input_tokens": self.max_input_tokens,
-            "max_total_tokens": self.max_total_tokens,
-            "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
-            "max_batch_total_tokens": self.max_batch_total_tokens,
-            "max_batch_size": self.max_batch_size,
+            "--max-input-tokens": self.max_input_tokens,
+            "--max-total-tokens": self.max_total_tokens,
+            "--max-batch-prefill-tokens": self.max_batch_prefill_tokens,
+            "--max-batch-total-tokens": self.max_batch_total_tokens,
+            "--max-batch-size": self.max_batch_size,
         }
         for name, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
             if value < 1:
@@ -110,28 +111,28 @@ class RouterConfig:
                 f"({self.max_concurrent_requests}): every request holds a connection, and /health needs one too"
             )
         if not 0 <= self.decode_call_ms <= 10_000:
-            raise ConfigError(f"decode_call_ms must be within 0..10000, got {self.decode_call_ms}")
+            raise ConfigError(f"--decode-call-ms must be within 0..10000, got {self.decode_call_ms}")
         if self.decode_steps > MAX_DECODE_STEPS:
-            raise ConfigError(f"decode_steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
+            raise ConfigError(f"--decode-steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
         if self.port > 65535:
-            raise ConfigError(f"port must be <= 65535, got {self.port}")
-        for name, value in (("max_stop_sequences", self.max_stop_sequences), ("max_top_n_tokens", self.max_top_n_tokens)):
+            raise ConfigError(f"--port must be <= 65535, got {self.port}")
+        for name, value in (("--max-stop-sequences", self.max_stop_sequences),
+                            ("--max-top-n-tokens", self.max_top_n_tokens)):
             if value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
         if self.graceful_termination_timeout_s < 0:
             raise ConfigError(
-                f"graceful_termination_timeout_s must be >= 0, got {self.graceful_termination_timeout_s}"
+                f"--graceful-termination-timeout must be >= 0 seconds, got {self.graceful_termination_timeout_s}"
             )
         if (self.max_input_tokens is not None and self.max_total_tokens is not None
                 and self.max_input_tokens >= self.max_total_tokens):
             raise ConfigError(
-                f"`max_input_tokens` must be < `max_total_tokens`, got max_input_tokens={self.max_input_tokens} "
-                f"and max_total_tokens={self.max_total_tokens}"
+                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens ({self.max_total_tokens})"
             )
         if self.api_key is not None and not self.api_key:
-            raise ConfigError("api_key must not be empty")
+            raise ConfigError("--api-key must not be empty")
         if self.served_model_name is not None and not self.served_model_name.strip():
-            raise ConfigError("served_model_name must not be empty")
+            raise ConfigError("--served-model-name must not be empty")
 
     @property
     def tracing(self) -> TracingConfig:

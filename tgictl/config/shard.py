@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tgictl.config.lora import LoraAdapterSpec
+from tgictl.config.model_files import check_model_id
 from tgictl.config.process import TracingConfig
 from tgictl.errors import ConfigError
 from tgictl.quantization import QuantizeSpec
@@ -34,14 +35,13 @@ def check_health_step_timeout(seconds: float) -> None:
 
 def check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None) -> None:
     """The settings a shard takes, checked the same way wherever they are given (shard or launch)."""
-    if not model_id.strip():
-        raise ConfigError("model_id must not be empty")
+    check_model_id(model_id)
     if dtype is not None and dtype not in SHARD_DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(SHARD_DTYPES)}, got {dtype!r}")
+        raise ConfigError(f"--dtype must be one of {', '.join(SHARD_DTYPES)}, got {dtype!r}")
     if block_size < 1:
-        raise ConfigError(f"block_size must be >= 1, got {block_size}")
+        raise ConfigError(f"--block-size must be >= 1, got {block_size}")
     if kv_cache_memory is not None and kv_cache_memory < 1:
-        raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {kv_cache_memory}")
+        raise ConfigError(f"--kv-cache-memory must be >= 1 byte, got {kv_cache_memory}")
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,14 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.tokens <= 16:
-            raise ConfigError(f"speculate must be in 0 .. 16, got {self.tokens}")
+            raise ConfigError(f"--speculate must be in 0 .. 16, got {self.tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
             raise ConfigError(
-                f"speculate n-gram sizes must satisfy 1 <= min <= max <= 16, got {self.ngram_min}..{self.ngram_max}"
+                f"--speculate-ngram-min and --speculate-ngram-max must satisfy 1 <= min <= max <= 16, "
+                f"got {self.ngram_min} and {self.ngram_max}"
             )
         if self.max_batch < 1:
-            raise ConfigError(f"speculate max batch must be >= 1, got {self.max_batch}")
+            raise ConfigError(f"--speculate-max-batch must be >= 1, got {self.max_batch}")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise ConfigError(f"speculate min acceptance must be in 0 .. 1, got {self.min_acceptance}")
         if self.pause_steps < 0:
@@ -104,10 +105,10 @@ class ShardConfig:
         if self.world_size > 1 and (self.master_addr is None or self.master_port is None):
             raise ConfigError("MASTER_ADDR and MASTER_PORT must be set when WORLD_SIZE > 1")
         if not self.uds_path.is_absolute():
-            raise ConfigError(f"uds_path must be an absolute path, got {str(self.uds_path)!r}")
+            raise ConfigError(f"--uds-path must be an absolute path, got {str(self.uds_path)!r}")
         if len(str(self.socket_path(self.world_size - 1)).encode()) > MAX_UDS_PATH_BYTES:
             raise ConfigError(
-                f"uds_path {str(self.uds_path)!r} is too long for a Unix socket: at most "
+                f"--uds-path {str(self.uds_path)!r} is too long for a Unix socket: at most "
                 f"{MAX_UDS_PATH_BYTES} bytes with the '-{{rank}}' suffix"
             )
         if self.shutdown_grace_s < 0:
