@@ -22,7 +22,7 @@ from tgictl.env import JSON_OUTPUT_VAR, LOG_LEVEL_VAR, disable_library_progress_
 ROOT_LOGGER = "tgictl"
 
 # LogRecord attributes that are not user `extra=` fields.
-_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
+RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -37,7 +37,7 @@ class JsonLinesFormatter(logging.Formatter):
             "pid": record.process,
         }
         for key, value in record.__dict__.items():
-            if key not in _RECORD_FIELDS and not key.startswith("_"):
+            if key not in RECORD_FIELDS and not key.startswith("_"):
                 payload[key] = value
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)

@@ -132,6 +132,11 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --api-key when one is set; "
         "default: off).",
     )),
+    ("request_log", bool, typer.Option(
+        _DEFAULTS["request_log"], "--request-log/--no-request-log", show_default=False,
+        help="Log one info line per finished request: id, route, adapter, tokens in, cached and out, finish "
+        "reason, total, validation, queue and inference time (never its text; default: on).",
+    )),
 )
 _FLAGS_PARAMETER = "router_flags"
 

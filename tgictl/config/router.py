@@ -70,6 +70,8 @@ class RouterConfig:
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
+    # One info line per finished request (router/request_log.py: ids, tokens, times; never text); off: none.
+    request_log: bool = True
 
     def __post_init__(self) -> None:
         TracingConfig(self.otlp_endpoint, self.otlp_service_name)  # the same checks

@@ -6,8 +6,9 @@ nothing a child started outlives it. On Linux the child also gets SIGTERM if the
 without cleaning up (SIGKILL, OOM killer), so a killed launcher leaves no orphan serving.
 
 Children log JSON lines (the launcher sets that in their environment); a reader thread per stream
-parses each line, re-logs it under the launcher's logger with the child's level and a `[shard 0]`
-/ `[router]` prefix, and keeps the last lines in a ring buffer for the failure message.
+parses each line, re-logs it under the launcher's logger with the child's level, its own fields (the
+request log's tokens and times stay keys of `launch --json-output`'s lines) and a `[shard 0]` / `[router]`
+prefix, and keeps the last lines in a ring buffer for the failure message.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
+
+from tgictl.log import RECORD_FIELDS
 
 log = logging.getLogger("tgictl.launcher")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -52,6 +55,13 @@ class LogLine:
 
     level: int
     message: str
+    # The child's own `extra=` fields (not its timestamp, level, logger, pid: the relayed record has its own).
+    fields: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+# A child record's keys that the relayed record sets itself (or that a LogRecord may not be given).
+_RELAYER_KEYS = RECORD_FIELDS | {"timestamp", "level", "logger", "pid", "exception", "role", "rank", "replica",
+                                 "child_pid"}
 
 
 def parse_line(raw: str, fallback_level: int) -> LogLine:
@@ -68,7 +78,8 @@ def parse_line(raw: str, fallback_level: int) -> LogLine:
             message = record["message"]
             if isinstance(record.get("exception"), str):
                 message = f"{message}\n{record['exception']}"
-            return LogLine(level if isinstance(level, int) else fallback_level, message)
+            fields = {key: value for key, value in record.items() if key not in _RELAYER_KEYS}
+            return LogLine(level if isinstance(level, int) else fallback_level, message, fields)
     return LogLine(fallback_level, text)
 
 
@@ -197,5 +208,5 @@ class ChildProcess:
                 continue
             with self._tail_lock:
                 self._tail.append(line)
-            log.log(line.level, "[%s] %s", self.spec.label, line.message, extra=extra)
+            log.log(line.level, "[%s] %s", self.spec.label, line.message, extra={**line.fields, **extra})
         stream.close()

@@ -65,6 +65,7 @@ ROUTER_FLAGS: dict[str, str] = {
     "kv_events_endpoint": "--kv-events-endpoint",
     "kv_events_replay_endpoint": "--kv-events-replay-endpoint",
     "kv_events_topic": "--kv-events-topic",
+    "request_log": "--request-log",
 }
 # RouterConfig fields passed in the router's environment, never on its command line: `ps` shows
 # every process's arguments to every local user (its environment only to its owner).

@@ -36,6 +36,7 @@ from tgictl.runtime.router.kv_event_publisher import KvEventPublisher
 from tgictl.runtime.router.metered_client import MeteredClient
 from tgictl.runtime.router.metrics import RouterMetrics
 from tgictl.runtime.router.request import EndEvent, StreamEvent, ValidatedRequest
+from tgictl.runtime.router.request_log import RequestOrigin, log_finished
 from tgictl.runtime.router.scheduling.batcher import Batcher, BatcherConfig, ShardClient
 from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
@@ -305,29 +306,32 @@ class RouterService:
             traced = None
         channel = self.batcher.submit(requests, self.config.max_new_tokens_per_round)
         self._channels.add(channel)
-        starts = [a.start for a in admissions]
         adapters = [r.adapter for r in requests]
         for request in requests:
             self.metrics.observe_queued(request.adapter, request.input_length)
-        channel.on_close(lambda c: self._closed(c, starts, adapters, traced))
+        origin = RequestOrigin.current() if self.config.request_log else None
+        channel.on_close(lambda c: self._closed(c, admissions, adapters, traced, origin))
         return channel
 
     def _closed(
-        self, channel: EventChannel, starts: Sequence[float], adapters: Sequence[str | None],
-        trace_parent: otel_context.Context | None,
+        self, channel: EventChannel, admissions: Sequence[Admission], adapters: Sequence[str | None],
+        trace_parent: otel_context.Context | None, origin: RequestOrigin | None,
     ) -> None:
         """Every request's outcome is counted once, when its channel closes; a traced request gets
-        its queue, prefill and decode spans from the scheduler's timings."""
+        its queue, prefill and decode spans from the scheduler's timings; each gets its log line."""
         self._channels.discard(channel)
         now = time.monotonic()
-        for index, start in enumerate(starts):
+        for index, admission in enumerate(admissions):
             event = channel.ends.get(index)
             if isinstance(event, EndEvent):
-                self.metrics.observe_end(now - start, event, adapters[index])
+                self.metrics.observe_end(now - admission.start, event, adapters[index])
                 if trace_parent is not None:
                     phase_spans(trace_parent, event)
             else:
                 self.metrics.request_failure.labels(err="generation" if event is not None else "dropped").inc()
+            if origin is not None:
+                log_finished(origin, index, len(admissions), adapters[index], now - admission.start,
+                             admission.validation_s, event)
 
     async def stream(self, admission: Admission, request: ValidatedRequest) -> AsyncIterator[StreamEvent]:
         """One generation's events, for callers that need no keep-alive; closing the iterator

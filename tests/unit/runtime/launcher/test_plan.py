@@ -223,3 +223,10 @@ def test_batch_invariance_reaches_every_shard_only_when_asked() -> None:
     default = build_plan(LaunchConfig(router=router_config(), model_id="org/model"), MODEL, BASE, LogConfig(), {},
                          master_port=29600)
     assert "--batch-invariant" not in default.shards[0].argv
+
+
+def test_parse_line_keeps_a_records_own_fields_for_the_relayed_record() -> None:
+    record = ('{"timestamp": "t", "level": "info", "logger": "x", "message": "request", "pid": 3, "request_id": "r1",'
+              ' "total_time_s": 0.5, "role": "forged", "args": "not a LogRecord attribute to set"}')
+    line = parse_line(record, logging.INFO)
+    assert line.fields == {"request_id": "r1", "total_time_s": 0.5}

@@ -25,6 +25,7 @@ from tgictl.errors import PayloadTooLargeError, TgictlError
 from tgictl.runtime.router.http.anthropic.routes import anthropic_router
 from tgictl.runtime.router.http.routes_adapters import adapter_router
 from tgictl.runtime.router.http.openai_responses.routes import responses_router
+from tgictl.runtime.router.http.request_ids import RequestIds
 from tgictl.runtime.router.http.request_spans import RequestSpans
 from tgictl.runtime.router.http.error_shapes import shape_for
 from tgictl.runtime.router.http.responses import error_response
@@ -207,6 +208,9 @@ def create_app(service: RouterService) -> FastAPI:
         CORSMiddleware,
         allow_origins=list(config.cors_allow_origin) or ["*"],
         allow_methods=["GET", "POST"],
-        allow_headers=["content-type", "authorization", "x-api-key", "anthropic-version", "traceparent", "tracestate"],
+        allow_headers=["content-type", "authorization", "x-api-key", "anthropic-version", "traceparent", "tracestate",
+                       "x-request-id"],
     )
+    # Outermost: every answer carries its id, refusals included (and they are logged).
+    app.add_middleware(RequestIds, log_refused_requests=config.request_log)
     return app
