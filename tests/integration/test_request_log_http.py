@@ -1,6 +1,7 @@
 """The request log through a real `tgictl launch` (shard + router processes, real HTTP): one JSON line per
 finished request in the launcher's output with TGI's fields, a refused request (422) logged once with its
-status, the client's X-Request-Id echoed; `--no-request-log` on `launch` reaches the router."""
+status, the client's X-Request-Id echoed; `--no-request-log` on `launch` reaches the router. The same launch
+of a local directory checks its short served name (the directory's name; `tgi` too; the path in /info)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ def launched(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Pat
 
 
 @pytest.mark.parametrize("launched", [()], indirect=True)
-def test_every_request_is_logged_once(launched: LaunchProc) -> None:
+def test_every_request_is_logged_once(launched: LaunchProc, tiny_model_dir: Path) -> None:
     with httpx.Client(base_url=launched.url, timeout=60) as client:
+        assert client.get("/info").json()["model_id"] == str(tiny_model_dir)
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [tiny_model_dir.name]
+        named = client.post("/v1/completions", json={"model": tiny_model_dir.name, "prompt": "hi", "max_tokens": 1})
+        assert named.status_code == 200 and named.json()["model"] == tiny_model_dir.name
         ok = client.post("/generate", headers={"X-Request-Id": "job-7"},
                          json={"inputs": "hello there", "parameters": {"max_new_tokens": 4}})
         chat = client.post("/v1/chat/completions", json={
@@ -42,7 +47,7 @@ def test_every_request_is_logged_once(launched: LaunchProc) -> None:
     assert chat.status_code == 200 and bad.status_code == 422 and bad.headers["x-request-id"] == "job-8"
     launched.stop()  # the router flushes its log before it exits
     records = {r["request_id"]: r for r in request_records(launched)}
-    assert len(request_records(launched)) == 3 == len(records), launched.log()
+    assert len(request_records(launched)) == 4 == len(records), launched.log()
     first = records["job-7"]
     assert first["level"] == "info" and first["route"] == "/generate" and first["adapter"] == "base"
     assert first["generated_tokens"] == 4 and first["finish_reason"] == "length" and first["input_tokens"] > 0

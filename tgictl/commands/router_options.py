@@ -27,8 +27,14 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RouterConfig)}
 _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("served_model_name", Optional[str], typer.Option(
         None, "--served-model-name", show_default=False,
-        help="The model name /info, /v1/models and OpenAI responses report (default: --model-id for launch, "
-        "--tokenizer-name for router).",
+        help="The model name /v1/models and OpenAI responses report and requests may name (`tgi` always works "
+        "too; default for launch: --model-id, a local file's stem or directory's name for a path; for router: "
+        "--tokenizer-name).",
+    )),
+    ("model_path", Optional[str], typer.Option(
+        None, "--model-path", show_default=False,
+        help="The model_id /info reports when it is not the served name (default for launch: a local model's "
+        "path as given to --model-id).",
     )),
     ("hostname", str, typer.Option(_DEFAULTS["hostname"], "--hostname", help="Address the HTTP server listens on.")),
     ("port", int, typer.Option(_DEFAULTS["port"], "--port", help="HTTP port.")),

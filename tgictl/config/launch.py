@@ -38,7 +38,8 @@ class LaunchConfig:
 
     `router` carries every router option; the launcher replaces its `master_shard_uds_path` and
     `tokenizer_name` with rank 0's socket and the resolved model directory, so both are placeholders
-    here, and sets its `served_model_name` to `model_id` unless the user chose one. `shard_uds_path`
+    here, and sets its `served_model_name` to `model_id` (a local path: its short name, plan.served_name)
+    unless the user chose one. `shard_uds_path`
     None: a fresh private directory per launch, removed on exit (two launches by one user never share
     sockets).
     """

@@ -25,6 +25,9 @@ class RouterConfig:
     # The name /info, /v1/models and OpenAI responses report. None: tokenizer_name. The launcher sets
     # it to the model id the user asked for, since its tokenizer_name is the resolved local directory.
     served_model_name: str | None = None
+    # What /info reports as model_id when it is not the served name: the launcher passes the path a local
+    # model was given as (it serves it under a short name: plan.served_name).
+    model_path: str | None = None
     hostname: str = "127.0.0.1"
     port: int = 8080
     max_concurrent_requests: int = 128
@@ -135,6 +138,8 @@ class RouterConfig:
             raise ConfigError("--api-key must not be empty")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ConfigError("--served-model-name must not be empty")
+        if self.model_path is not None and not self.model_path.strip():
+            raise ConfigError("--model-path must not be empty")
 
     @property
     def tracing(self) -> TracingConfig:

@@ -53,6 +53,7 @@ CASES: dict[str, list[str] | str] = {
     "--master-shard-uds-path": "connected to at start-up (tests/unit/commands/test_router_command.py)",
     "--tokenizer-name": "resolved like a model id at start-up (tests/unit/runtime/model_files/test_resolve.py)",
     "--served-model-name": ["--served-model-name", " "],
+    "--model-path": ["--model-path", " "],
     "--hostname": "resolved and bound before the shards start (tests/unit/runtime/launcher/test_supervisor.py)",
     "--port": ["--port", "70000"],
     "--graceful-termination-timeout": ["--graceful-termination-timeout", "-1"],

@@ -76,7 +76,7 @@ def test_every_flag_reaches_its_field() -> None:
         "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router",
         "--reasoning-parser", "qwen3", "--allow-lora-loading",
         "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://*:5558",
-        "--kv-events-topic", "kv@pod@m",
+        "--kv-events-topic", "kv@pod@m", "--model-path", "models/m.gguf", "--no-request-log",
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
     assert config == RouterConfig(
@@ -90,6 +90,7 @@ def test_every_flag_reaches_its_field() -> None:
         http_header_timeout_s=3.0, http_body_timeout_s=4.5, max_connections=50,
         reasoning_parser="qwen3", allow_lora_loading=True,
         kv_events_endpoint="tcp://*:5557", kv_events_replay_endpoint="tcp://*:5558", kv_events_topic="kv@pod@m",
+        model_path="models/m.gguf", request_log=False,
     )  # fmt: skip
     # Every field a flag sets differs from its default above, so none was silently dropped.
     defaults = RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="t")

@@ -18,7 +18,7 @@ from tgictl.env import API_KEY_VAR
 from tgictl.errors import ConfigError
 from tgictl.log import child_environ
 from tgictl.runtime.launcher.child import ChildSpec
-from tgictl.runtime.launcher.plan import LaunchPlan, build_plan, probe_host, router_secrets_env
+from tgictl.runtime.launcher.plan import LaunchPlan, build_plan, probe_host, router_secrets_env, served_name
 from tgictl.runtime.launcher.replica_cpus import format_cpu_list
 
 # Replicas listen on loopback only: the gateway is the one public door.
@@ -82,7 +82,7 @@ def _smg_log_level(level: str) -> str:
 def gateway_argv(config: LaunchConfig, worker_urls: Sequence[str], metrics_port: int, log_level: str) -> list[str]:
     """`smg launch` flags for a gateway in front of `worker_urls` on the launch's public address."""
     router = config.router
-    served = router.served_model_name or config.model_id
+    served = router.served_model_name or served_name(config.model_id)
     argv = [
         "--host", router.hostname, "--port", str(router.port), "--worker-urls", *worker_urls,
         "--policy", config.gateway_policy,

@@ -35,6 +35,7 @@ ROUTER_FLAGS: dict[str, str] = {
     "master_shard_uds_path": "--master-shard-uds-path",
     "tokenizer_name": "--tokenizer-name",
     "served_model_name": "--served-model-name",
+    "model_path": "--model-path",
     "hostname": "--hostname",
     "port": "--port",
     "graceful_termination_timeout_s": "--graceful-termination-timeout",
@@ -98,6 +99,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def served_name(model_id: str) -> str:
+    """The name a model is served under by default: a hub id as it is; a local path (a GGUF file, a
+    directory) by its file's stem or its directory's name, not the relative path the user typed."""
+    path = Path(model_id).expanduser()
+    if not path.exists():
+        return model_id
+    path = path.resolve()
+    return path.stem if path.is_file() else path.name
 
 
 def router_argv(router: RouterConfig) -> list[str]:
@@ -201,10 +212,11 @@ def build_plan(
         for rank in range(config.num_shard)
     )
     # The router loads the tokenizer from the resolved directory but names the model as the user did
-    # (a hub id, not a path in the cache).
+    # (a hub id, not a path in the cache; a local path by its short name, the path itself in /info).
+    served = config.router.served_model_name or served_name(config.model_id)
     router = replace(
-        config.router, master_shard_uds_path=f"{uds_base}-0", tokenizer_name=str(model_dir),
-        served_model_name=config.router.served_model_name or config.model_id,
+        config.router, master_shard_uds_path=f"{uds_base}-0", tokenizer_name=str(model_dir), served_model_name=served,
+        model_path=config.router.model_path or (config.model_id if served != config.model_id else None),
     )
     return LaunchPlan(
         shards=shards,

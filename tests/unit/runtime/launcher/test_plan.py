@@ -21,6 +21,7 @@ from tgictl.runtime.launcher.plan import (
     ROUTER_SECRETS,
     build_plan,
     router_argv,
+    served_name,
 )
 
 MODEL = Path("/models/tiny")
@@ -230,3 +231,20 @@ def test_parse_line_keeps_a_records_own_fields_for_the_relayed_record() -> None:
               ' "total_time_s": 0.5, "role": "forged", "args": "not a LogRecord attribute to set"}')
     line = parse_line(record, logging.INFO)
     assert line.fields == {"request_id": "r1", "total_time_s": 0.5}
+
+
+def test_a_local_model_is_served_under_its_short_name_and_its_path_is_in_info(tmp_path: Path) -> None:
+    gguf = tmp_path / "models" / "SmolLM2-135M-Instruct.Q8_0.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    for model_id, short in ((str(gguf), "SmolLM2-135M-Instruct.Q8_0"), (f"{tmp_path}/models/", "models"),
+                            ("org/model", "org/model")):
+        assert served_name(model_id) == short
+        argv = build_plan(LaunchConfig(router=router_config(), model_id=model_id), MODEL, BASE, LogConfig(), {},
+                          master_port=1).router.argv
+        assert argv[argv.index("--served-model-name") + 1] == short
+        assert (argv[argv.index("--model-path") + 1] if "--model-path" in argv else None) == (
+            None if short == model_id else model_id)
+    chosen = LaunchConfig(router=router_config(served_model_name="smol"), model_id=str(gguf))
+    argv = build_plan(chosen, MODEL, BASE, LogConfig(), {}, master_port=1).router.argv
+    assert argv[argv.index("--served-model-name") + 1] == "smol" and argv[argv.index("--model-path") + 1] == str(gguf)

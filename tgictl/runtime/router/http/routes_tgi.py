@@ -228,7 +228,7 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
         config, limits = service.config, service.limits
         return TgiJSONResponse(
             {
-                "model_id": service.model_id,
+                "model_id": config.model_path or service.model_id,  # a local model's path, as TGI reports it
                 "model_sha": None,
                 "model_pipeline_tag": "text-generation",
                 "model_dtype": service.info.dtype,
