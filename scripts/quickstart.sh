@@ -19,7 +19,7 @@ SERVE_PID=""
 # The README's first ```bash block of the Quickstart is the serve line; its curl lines follow it.
 SERVE_LINE="$(awk '/^## Quickstart/{q=1} q && /^```bash/{getline; print; exit}' README.md)"
 [[ "$SERVE_LINE" == *"tgictl launch"* ]] || { echo "quickstart: no serve line found in README.md" >&2; exit 1; }
-mapfile -t CURLS < <(awk '/^## Quickstart/{q=1} /^## Commands/{q=0} q && /^curl /' README.md)
+mapfile -t CURLS < <(awk '/^## /{q=0} /^## Quickstart/{q=1} q && /^curl /' README.md)
 [ "${#CURLS[@]}" -ge 2 ] || { echo "quickstart: expected the README's curl requests" >&2; exit 1; }
 
 fail() {

@@ -9,7 +9,7 @@ count, though, every row is computed alike wherever it sits (tested).
 
 So in this mode every linear runs in calls of exactly BLOCK_ROWS rows, the last one padded with
 zeros: the kernel is the same for every batch, and so is each row's result. The cost (measured in
-the README, scripts/perf_decode.py --compare-batch-invariant): 1.76x the decode step at one client
+docs/commands.md, "Batch invariance"; scripts/perf_decode.py --compare-batch-invariant): 1.76x the decode step at one client
 (32 rows computed for 1, and no matrix-vector kernel), ~1.6x a prompt's prefill (32-row calls
 instead of one), 1.02x at a batch of 32. Hence a flag, not the default. The rest of a step is per row already: the norms, rotary and
 SiLU kernels, decode attention (one task per sequence and KV head), the greedy choice and seeded

@@ -16,7 +16,7 @@ import llguidance
 import numpy as np
 
 # Grammar text (llguidance's JSON form) a request may carry: compiling one costs the router and every shard
-# about 8 ms per 1,000 characters; the README's limits table gives the figures.
+# about 8 ms per 1,000 characters; docs/operations.md ("Grammars") lists the limits.
 MAX_GRAMMAR_CHARS = 256 * 1024
 # Allowed first tokens fed to the probe: the lowest ids are the single bytes (`{`, `"`, `[`, digits), with
 # which every JSON value, and most grammars' alternatives, begin.
