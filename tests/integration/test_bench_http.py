@@ -57,12 +57,15 @@ def check_run(run: dict[str, Any], requests: int, output_len: tuple[int, int]) -
         # --ignore-eos: exactly the asked tokens, each streamed as its own event.
         assert r["output_tokens"] == r["max_new_tokens"] == r["stream_events"]
         assert output_len[0] <= r["output_tokens"] <= output_len[1]
-        assert len(r["itl_s"]) == r["output_tokens"] - 1
+        # Per token: one value per token after the first read; per burst: one per read after the first.
+        assert len(r["itl_burst_s"]) <= len(r["itl_s"]) <= r["output_tokens"] - 1 and r["itl_burst_s"]
+        assert sum(r["itl_s"]) == pytest.approx(sum(r["itl_burst_s"]))  # the same waits, spread or not
         assert 0 < r["ttft_s"] <= r["e2e_s"]
     assert summary["output_tokens"] == sum(r["output_tokens"] for r in records)
     assert summary["prompt_tokens"] == sum(r["prompt_tokens"] for r in records)
     assert summary["ttft_s"]["count"] == requests
-    assert summary["itl_s"]["count"] == sum(r["output_tokens"] - 1 for r in records)
+    assert summary["itl_s"]["count"] == sum(len(r["itl_s"]) for r in records)
+    assert summary["itl_burst_s"]["count"] == sum(len(r["itl_burst_s"]) for r in records)
     assert summary["output_tokens_per_s"] == pytest.approx(summary["output_tokens"] / summary["duration_s"])
 
 

@@ -4,19 +4,23 @@ Each API (TGI's /generate_stream, OpenAI's /v1/completions and /v1/chat/completi
 body and a reader of its server-sent events; both feed one RequestRecord. Token counts come from
 the server when it states them (TGI `details.generated_tokens`, OpenAI `usage`), else from the
 stream itself (one event per token, which is how TGI-compatible servers stream).
+
+A token's time is the time its bytes arrived: the events of one network read share it, so a burst
+(several decode steps sent at once) is visible as such (stats.burst_latencies, inter_token_latencies).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from tgictl.runtime.bench.stats import inter_token_latencies, time_per_output_token
+from tgictl.runtime.bench.stats import burst_latencies, inter_token_latencies, time_per_output_token
 from tgictl.runtime.bench.workloads import BenchPrompt
 
 _PATHS = {"tgi": "/generate_stream", "openai-chat": "/v1/chat/completions",
@@ -51,7 +55,13 @@ class RequestRecord:
 
     @property
     def itl_s(self) -> list[float]:
+        """Per token: each arrival's gap divided by the tokens it brought."""
         return inter_token_latencies(self.token_times)
+
+    @property
+    def itl_burst_s(self) -> list[float]:
+        """Per burst: the gaps between arrivals of tokens."""
+        return burst_latencies(self.token_times)
 
     @property
     def tpot_s(self) -> float | None:
@@ -69,7 +79,8 @@ class RequestRecord:
             "tokenizer_prompt_tokens": self.tokenizer_prompt_tokens,
             "output_tokens": self.output_tokens, "output_tokens_source": self.output_tokens_source,
             "stream_events": self.stream_events, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s,
-            "itl_s": self.itl_s, "finish_reason": self.finish_reason, "status": self.status, "error": self.error,
+            "itl_s": self.itl_s, "itl_burst_s": self.itl_burst_s, "finish_reason": self.finish_reason,
+            "status": self.status, "error": self.error,
         }
 
 
@@ -112,9 +123,10 @@ class _Reader:
         self.api = api
         self.record = record
         self.sent = sent
+        self.arrived = sent  # when the bytes of the event being read arrived
 
     def _token(self) -> None:
-        now = time.perf_counter() - self.sent
+        now = self.arrived - self.sent
         if self.record.ttft_s is None:
             self.record.ttft_s = now
         self.record.token_times.append(now)
@@ -166,6 +178,20 @@ class _Reader:
         return False  # OpenAI streams end with `data: [DONE]`
 
 
+async def _sse_data(response: httpx.Response) -> AsyncIterator[tuple[float, str]]:
+    """Each `data:` payload of an event stream with the time of the network read that completed it."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    async for chunk in response.aiter_bytes():
+        arrived = time.perf_counter()
+        *lines, pending = (pending + decoder.decode(chunk)).split("\n")
+        for line in lines:
+            if line.startswith("data:"):  # blank separators, comments and keep-alives skipped
+                yield arrived, line[len("data:"):].strip()
+    if pending.startswith("data:"):
+        yield time.perf_counter(), pending[len("data:"):].strip()
+
+
 async def send(client: httpx.AsyncClient, settings: ApiSettings, prompt: BenchPrompt, index: int,
                run_start: float) -> RequestRecord:
     """Send one streamed request and time it; failures are recorded, never raised."""
@@ -184,10 +210,8 @@ async def send(client: httpx.AsyncClient, settings: ApiSettings, prompt: BenchPr
                 body = (await response.aread()).decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {body[:300]}"
                 return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments, keep-alives
-                data = line[len("data:"):].strip()
+            async for arrived, data in _sse_data(response):
+                reader.arrived = arrived
                 if data == "[DONE]":
                     finished = True
                     break

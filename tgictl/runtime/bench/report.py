@@ -81,9 +81,13 @@ def latency_table(s: RunSummary) -> Table:
     latency = Table(title=f"{s.label}: latency (ms)")
     for column in ("metric", "mean", "p50", "p90", "p99"):
         latency.add_column(column, justify="right" if column != "metric" else "left")
-    for name, dist in (("time to first token", s.ttft), ("inter-token latency", s.itl),
-                       ("time per output token", s.tpot), ("end-to-end latency", s.e2e)):
+    for name, dist in (("time to first token", s.ttft), ("inter-token latency, per token", s.itl),
+                       ("inter-token latency, per burst", s.itl_burst), ("time per output token", s.tpot),
+                       ("end-to-end latency", s.e2e)):
         latency.add_row(*_dist_row(name, dist))
+    # Multi-step decode sends several tokens per read: per burst is the wait a reader sees between them,
+    # per token that wait divided by the tokens it brought (a gap inside a burst would read as 0 ms).
+    latency.caption = "per burst: time between arrivals of tokens; per token: that time / the tokens it brought"
     return latency
 
 

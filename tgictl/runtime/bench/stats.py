@@ -59,9 +59,30 @@ class Distribution:
                 "p99": clean(self.p99)}
 
 
+def _arrivals(token_times: Sequence[float]) -> list[tuple[float, int]]:
+    """(time, tokens) per arrival: the tokens of one network read share its time (client.py)."""
+    arrivals: list[tuple[float, int]] = []
+    for t in token_times:
+        if arrivals and arrivals[-1][0] == t:
+            arrivals[-1] = (t, arrivals[-1][1] + 1)
+        else:
+            arrivals.append((t, 1))
+    return arrivals
+
+
+def burst_latencies(token_times: Sequence[float]) -> list[float]:
+    """Inter-token latency per burst: the gaps between consecutive arrivals of tokens. A server that
+    decodes several steps per call (multi-step decode) sends its tokens in bursts; this is the wait a
+    reader sees between them."""
+    arrivals = _arrivals(token_times)
+    return [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])]
+
+
 def inter_token_latencies(token_times: Sequence[float]) -> list[float]:
-    """Gaps between consecutive token arrivals (seconds since the request was sent, in order)."""
-    return [b - a for a, b in zip(token_times, token_times[1:])]
+    """Inter-token latency per token: each arrival's gap spread over the tokens it brought, one value
+    per token after the first arrival (gaps of 0 inside a burst would say nothing of the pace)."""
+    arrivals = _arrivals(token_times)
+    return [(b[0] - a[0]) / b[1] for a, b in zip(arrivals, arrivals[1:]) for _ in range(b[1])]
 
 
 def time_per_output_token(ttft: float, e2e: float, output_tokens: int) -> float | None:

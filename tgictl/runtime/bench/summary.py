@@ -28,7 +28,8 @@ class RunSummary:
     output_tokens_per_s: float
     total_tokens_per_s: float
     ttft: Distribution
-    itl: Distribution  # over every gap between two tokens of every request
+    itl: Distribution  # per token: each arrival's gap / the tokens it brought, over every request
+    itl_burst: Distribution  # per burst: every gap between two arrivals of tokens
     tpot: Distribution  # one value per request with more than one token
     e2e: Distribution
     goodput: Goodput | None
@@ -41,7 +42,8 @@ class RunSummary:
             "succeeded": self.succeeded, "failed": self.failed, "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens, "requests_per_s": self.requests_per_s,
             "output_tokens_per_s": self.output_tokens_per_s, "total_tokens_per_s": self.total_tokens_per_s,
-            "ttft_s": self.ttft.to_dict(), "itl_s": self.itl.to_dict(), "tpot_s": self.tpot.to_dict(),
+            "ttft_s": self.ttft.to_dict(), "itl_s": self.itl.to_dict(),
+            "itl_burst_s": self.itl_burst.to_dict(), "tpot_s": self.tpot.to_dict(),
             "e2e_s": self.e2e.to_dict(),
             "goodput": None if self.goodput is None else {
                 "good_requests": self.goodput.good_requests, "requests_per_s": self.goodput.requests_per_s,
@@ -76,6 +78,7 @@ def summarize(label: str, records: Sequence[RequestRecord], duration_s: float, s
         total_tokens_per_s=rate(prompt_tokens + output_tokens, duration_s),
         ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
         itl=Distribution.of([gap for r in ok for gap in r.itl_s]),
+        itl_burst=Distribution.of([gap for r in ok for gap in r.itl_burst_s]),
         tpot=Distribution.of([t for t in (r.tpot_s for r in ok) if t is not None]),
         e2e=Distribution.of([r.e2e_s for r in ok if r.e2e_s is not None]),
         goodput=goodput([r.slo_figures() for r in ok], failed, slo, duration_s) if slo else None,

@@ -35,8 +35,10 @@ def test_tables_show_the_figures() -> None:
     assert "│ requests/s                       │          2.00 │" in text
     assert "│ total tokens/s                   │          26.0 │" in text  # (10 + 3) / 0.5
     assert "prefix-cache hit % (tokens)      │          50.0" in text
-    assert "time to first token   │ 100.0 │ 100.0 │ 100.0 │ 100.0" in text
-    assert "time per output token │ 200.0" in text  # (0.5 - 0.1) / 2
+    assert "time to first token            │ 100.0 │ 100.0 │ 100.0 │ 100.0" in text
+    assert "time per output token          │ 200.0" in text  # (0.5 - 0.1) / 2
+    assert "inter-token latency, per token │" in text and "inter-token latency, per burst │" in text
+    assert "per burst: time between arrivals of tokens" in text  # the caption says which is which
 
 
 def test_an_empty_run_renders_dashes_and_writes_nulls(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from tgictl.errors import ConfigError
 from tgictl.runtime.bench.client import RequestRecord
 from tgictl.runtime.bench.stats import (
     Distribution,
+    burst_latencies,
     goodput,
     inter_token_latencies,
     meets_slo,
@@ -53,6 +54,14 @@ def test_distribution_and_its_json_form() -> None:
 def test_token_timing_figures() -> None:
     assert inter_token_latencies([0.5, 0.6, 0.8, 1.4]) == pytest.approx([0.1, 0.2, 0.6])
     assert inter_token_latencies([0.5]) == []
+
+
+def test_tokens_that_arrive_together_are_one_burst() -> None:
+    """Multi-step decode: 1 token, then 3 in one read 0.3 s later, then 2 in one read 0.2 s after that."""
+    times = [0.5, 0.8, 0.8, 0.8, 1.0, 1.0]
+    assert burst_latencies(times) == pytest.approx([0.3, 0.2])
+    assert inter_token_latencies(times) == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.1])  # 0.3 / 3, 0.2 / 2
+    assert burst_latencies([0.5, 0.5]) == [] == inter_token_latencies([0.5, 0.5])  # one read: no gap
     assert time_per_output_token(ttft=0.5, e2e=1.4, output_tokens=10) == pytest.approx(0.1)  # 0.9 s / 9
     assert time_per_output_token(ttft=0.5, e2e=0.5, output_tokens=1) is None
 
