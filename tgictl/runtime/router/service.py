@@ -219,6 +219,13 @@ class RouterService:
         tokenizer = RouterTokenizer(model_dir)
         prefill_tokens = max_batch_prefill_tokens(config, info)
         request = warmup_request(config, info, probe_token(tokenizer, info.vocab_size), prefill_tokens)
+        log.info(
+            "warmup: one prefill of %d tokens (--max-batch-prefill-tokens, every sampling option on, as TGI "
+            "probes) checks that the largest batch the scheduler will form fits in memory; the KV cache then "
+            "takes the memory left. It lasts as long as one %d-token prompt's prefill on this model: seconds "
+            "for a small model, minutes for a large one on CPU or with --quantize (docs/operations.md, Warmup)",
+            prefill_tokens, prefill_tokens,
+        )
         with phase(f"warming up the shards with {prefill_tokens} prefill tokens (sizes the KV cache)", logger=log):
             result = await client.warmup(request)
         limits = derive_limits(config, info, result, prefill_tokens)

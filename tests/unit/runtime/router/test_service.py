@@ -4,6 +4,7 @@ blocks, and the graceful drain. The HTTP app on top is exercised in-process for 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -53,6 +54,20 @@ def test_start_up_clears_then_warms_up(tiny_tokenizer_dir: Path) -> None:
         assert service.allocator.total_blocks == 4096 // 16 - 1  # block 0 is reserved
 
     run(tiny_tokenizer_dir, body, max_batch_prefill_tokens=512, max_total_tokens=300)
+
+
+def test_warmup_says_what_it_does_and_how_long_it_lasts(
+    tiny_tokenizer_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tgictl")
+
+    async def body(service: RouterService, fake: FakeServiceClient) -> None:
+        pass
+
+    run(tiny_tokenizer_dir, body, max_batch_prefill_tokens=512)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warmup: ")]
+    assert "one prefill of 512 tokens" in line and "as long as one 512-token prompt's prefill" in line
+    assert "docs/operations.md" in line
 
 
 def test_permits_come_back_on_every_path(tiny_tokenizer_dir: Path) -> None:
