@@ -1,5 +1,5 @@
-"""Checkpoint conversion entry point: picks the converter from what PATH is, and owns the rules every
-converter shares (what exists, what may be overwritten, writing into place atomically).
+"""Checkpoint conversion entry point: picks the converter from what PATH is (the rules every converter
+shares, what may be overwritten and writing into place atomically, are conversion_output.py's).
 
     .gguf                           → a standard HF directory (convert_gguf.py)
     .bin / .pt, an index, or a dir  → safetensors next to or beside the source (convert_torch.py)
@@ -8,11 +8,8 @@ converter shares (what exists, what may be overwritten, writing into place atomi
 from __future__ import annotations
 
 import os
-import shutil
 import site
 import sysconfig
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from tgictl.config import ConvertConfig
@@ -20,8 +17,6 @@ from tgictl.errors import ConversionError
 from tgictl.log import get_logger
 
 log = get_logger(__name__)
-
-TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 
 
 def installed_package_dirs() -> tuple[Path, ...]:
@@ -66,30 +61,3 @@ def convert(config: ConvertConfig) -> Path:
     if output is None and config.cache_dir is not None and inside_installed_package(source_dir):
         output = default_output(source_dir, source_dir.name, config.cache_dir)
     return convert_torch_checkpoint(path, output, dtype=config.dtype, force=config.force)
-
-
-def check_writable(target: Path, *, force: bool) -> None:
-    """Refuse to replace an existing result unless forced (a conversion can take minutes to redo)."""
-    if target.exists() and (target.is_file() or any(target.iterdir())) and not force:
-        raise ConversionError(f"{target} already exists; pass --force to overwrite it")
-
-
-@contextmanager
-def staging_dir(output: Path, *, force: bool) -> Iterator[Path]:
-    """Yield an empty sibling directory to write into; on success it replaces `output` in one rename.
-
-    A crash halfway leaves only the staging directory behind, never an `output` that looks complete
-    (the hub's one-time default-model conversion relies on that).
-    """
-    check_writable(output, force=force)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.parent / f".{output.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        yield staging
-        if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
-        staging.rename(output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

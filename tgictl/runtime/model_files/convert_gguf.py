@@ -12,7 +12,7 @@ from pathlib import Path
 from tgictl.errors import ConversionError
 from tgictl.log import get_logger
 from tgictl.progress import phase
-from tgictl.runtime.model_files.convert import check_writable, staging_dir
+from tgictl.runtime.model_files.conversion_output import check_writable, staging_dir
 from tgictl.runtime.gguf_reader import read_gguf
 from tgictl.runtime.model_files.gguf_metadata import (
     check_architecture,

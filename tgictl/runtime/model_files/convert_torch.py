@@ -17,7 +17,7 @@ from typing import Any
 
 from tgictl.errors import ConversionError
 from tgictl.log import get_logger
-from tgictl.runtime.model_files.convert import TORCH_SUFFIXES, check_writable
+from tgictl.runtime.model_files.conversion_output import TORCH_SUFFIXES, check_writable
 
 log = get_logger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tgictl.errors import ConfigError, ConversionError
 from tgictl.log import get_logger
 from tgictl.quantization import QuantizeSpec
-from tgictl.runtime.model_files.convert import staging_dir
+from tgictl.runtime.model_files.conversion_output import staging_dir
 from tgictl.runtime.model_files.gguf_metadata import (
     check_architecture,
     supported_architectures,
