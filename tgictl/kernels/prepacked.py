@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from tgictl.env import read_env
-from tgictl.runtime.host import discover_cpu
-
-if TYPE_CHECKING:
-    from tgictl.kernels.linear_methods.base import LinearWeight
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +74,25 @@ def should_prepack(policy: str, packed_bytes: int, available_bytes: int) -> bool
     return policy == "on"
 
 
-def prepack_weights(weights: Sequence[LinearWeight]) -> int:
-    """Pack `weights` (bf16 copies) as the policy says; returns the bytes the copies take."""
+class PackableWeight(Protocol):
+    """What prepack_weights needs of a weight (linear_methods' LinearWeight is one; named here so that this
+    lower layer imports nothing of the layers above it)."""
+
+    out_features: int
+    in_features: int
+
+    def wants_packed_copy(self, policy: str) -> bool: ...
+
+    def prepack(self) -> bool: ...
+
+
+def prepack_weights(weights: Sequence[PackableWeight], available_bytes: int) -> int:
+    """Pack `weights` (bf16 copies) as the policy says, `available_bytes` the memory available after loading
+    (runtime/host.py measures it); returns the bytes the copies take."""
     policy = read_env().prepack_weights
     weights = [w for w in weights if w.wants_packed_copy(policy)]  # under auto on AMX: none of dense, int8, GGUF
     packed_bytes = sum(w.out_features * w.in_features * 2 for w in weights)
-    if not weights or not should_prepack(policy, packed_bytes, discover_cpu().available_memory_bytes):
+    if not weights or not should_prepack(policy, packed_bytes, available_bytes):
         if weights and policy == "auto":
             log.info("bf16 weights not prepacked for oneDNN: a second copy (%.1f MiB) would take more than %d%% of "
                      "the available memory (TGICTL_PREPACK_WEIGHTS=1 forces it)", packed_bytes / 2**20,

@@ -103,7 +103,7 @@ def test_policy(policy: str, packed_bytes: int, available: int, expected: bool) 
 def test_prepack_weights_follows_the_policy(monkeypatch: pytest.MonkeyPatch, raw: str, expect_packed: bool) -> None:
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", raw)
     weights = [_weight(seed=1), _weight(seed=2)]
-    added = prepack_weights(weights)
+    added = prepack_weights(weights, available_bytes=1 << 40)
     assert [w.onednn_weight is not None for w in weights] == [expect_packed, expect_packed]
     assert added == (2 * 96 * 64 * 2 if expect_packed else 0)
     assert prepacked.read_env().prepack_weights == ("on" if expect_packed else "off")
@@ -137,12 +137,12 @@ def test_auto_packs_no_copy_of_what_the_native_kernels_read_themselves(monkeypat
 
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "auto")
     auto = weights()
-    added = prepack_weights(auto)
+    added = prepack_weights(auto, available_bytes=1 << 40)
     assert [w.onednn_weight is None for w in auto] == [native_many_rows()] * 3
     assert added == (0 if native_many_rows() else 3 * 96 * 64 * 2)
     monkeypatch.setenv("TGICTL_PREPACK_WEIGHTS", "1")
     forced = weights()
-    assert prepack_weights(forced) == 3 * 96 * 64 * 2 and all(w.onednn_weight is not None for w in forced)
+    assert prepack_weights(forced, available_bytes=1 << 40) == 3 * 96 * 64 * 2 and all(w.onednn_weight is not None for w in forced)
 
 
 def native_many_rows() -> bool:

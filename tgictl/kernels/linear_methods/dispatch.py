@@ -19,14 +19,21 @@ import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from tgictl.kernels.native import cpu_flags
 
-if TYPE_CHECKING:
-    from tgictl.kernels.linear_methods.base import LinearWeight
+
+class ShapedWeight(Protocol):
+    """What the table's key needs of a weight (base.LinearWeight is one; named here, base imports this module)."""
+
+    out_features: int
+    in_features: int
+
+    @property
+    def format_key(self) -> str: ...
 
 TABLE_PATH = Path(__file__).with_name("kernel_choices.json")
 MATRIX_VECTOR_MAX_ROWS = 4
@@ -113,7 +120,7 @@ def padded_rows(x: Tensor) -> int:
     return load_row_padding().get(_this_cpu(), {}).get(_dtype_name(x), {}).get(rows, rows)
 
 
-def backend_order(weight: LinearWeight, x: Tensor) -> tuple[str, ...]:
+def backend_order(weight: ShapedWeight, x: Tensor) -> tuple[str, ...]:
     """The backends to try, in order, for `weight` on input x [rows, in]."""
     key = shape_key(weight.format_key, _dtype_name(x), weight.out_features, weight.in_features)
     return _order(_this_cpu(), key, x.device.type, x.shape[0])

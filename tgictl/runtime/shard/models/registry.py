@@ -14,6 +14,7 @@ from torch import nn
 from tgictl.errors import UnsupportedModelError
 from tgictl.kernels.linear_methods import DenseWeight, LinearWeight
 from tgictl.kernels.prepacked import can_prepack, prepack_weights
+from tgictl.runtime.host import discover_cpu
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.layers.embedding import ParallelLMHead
@@ -56,7 +57,7 @@ def load_model(model_dir: Path, *, dtype: torch.dtype, device: torch.device, dis
         source = "GGUF blocks" if weights.is_gguf else (quantize.label if quantize is not None else "dense")
     model.eval()
     if device.type == "cpu":
-        prepack_weights(packing_candidates(model))
+        prepack_weights(packing_candidates(model), discover_cpu().available_memory_bytes)
     logger.info(
         "loaded %s (%s, %s weights: %.1f MiB) rank %d/%d in %.2f s",
         model_dir,
