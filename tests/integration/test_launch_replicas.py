@@ -58,7 +58,7 @@ def fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             deadline = time.monotonic() + 60
             while "ready: http" not in launch.log() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        yield Fleet(launch, str(tiny_model_dir))
+        yield Fleet(launch, tiny_model_dir.name)  # a local directory is served under its name
     finally:
         launch.stop()
 

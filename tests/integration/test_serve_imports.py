@@ -30,6 +30,8 @@ OPTIONAL_WHEN_INSTALLED = {
     "grpc_health": "grpc/__init__.py, as grpc_tools (smg in the test extra brings grpcio-health-checking)",
     "grpc_reflection": "grpc/__init__.py, as grpc_tools",
     "sniffio": "anyio and httpcore: try: import sniffio / except ImportError",
+    "colorama": "torch/_inductor/runtime/runtime_utils.py: try: import colorama (the docs extra's mkdocs-material "
+                "brings it)",
 }
 
 
