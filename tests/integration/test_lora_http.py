@@ -89,12 +89,12 @@ def test_openai_model_selects_the_adapter_and_is_echoed(served: Served) -> None:
         out = client.completions.create(model=model, prompt=PROMPTS[2], max_tokens=NEW_TOKENS, temperature=0)
         expected = _expected(served, PROMPTS[2], None if model == "tgi" else model)
         assert out.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
-        assert out.model == (model if model != "tgi" else str(served.model_dir))
+        assert out.model == (model if model != "tgi" else served.model_dir.name)  # a local directory: served under its name
 
 
 def test_models_and_info_list_the_adapters(served: Served) -> None:
     models = httpx.get(f"{served.launch.url}/v1/models").json()
-    assert [m["id"] for m in models["data"]] == [str(served.model_dir), "sql", "chat"]
+    assert [m["id"] for m in models["data"]] == [served.model_dir.name, "sql", "chat"]
     assert httpx.get(f"{served.launch.url}/info").json()["lora_adapters"] == ["sql", "chat"]
 
 
