@@ -33,7 +33,12 @@ RESTART_WITHIN_S = 60.0
 @dataclass
 class Fleet:
     launch: LaunchProc
-    model: str
+    model_dir: Path
+
+    @property
+    def model(self) -> str:
+        """The name the fleet serves the model under (a local directory: its name)."""
+        return self.model_dir.name
 
     def replicas(self) -> dict[int, tuple[str, str]]:
         """{index: (url, cores)} from the launcher's "starting 2 replicas ..." record."""
@@ -60,7 +65,7 @@ def fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             deadline = time.monotonic() + 60
             while "ready: http" not in launch.log() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        yield Fleet(launch, tiny_model_dir.name)  # a local directory is served under its name
+        yield Fleet(launch, tiny_model_dir)
     finally:
         launch.stop()
 
@@ -105,7 +110,7 @@ def test_bench_loads_the_gateway_by_the_name_it_routes(fleet: Fleet, tmp_path: P
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, "-m", "tgictl", "bench", "--url", fleet.launch.url, "--api", "openai-completions",
-         "--tokenizer", fleet.model, "--input-len", "8", "--output-len", "2", "--num-requests", "4",
+         "--tokenizer", str(fleet.model_dir), "--input-len", "8", "--output-len", "2", "--num-requests", "4",
          "--concurrency", "2", "--output", str(out)],
         capture_output=True, text=True, timeout=300,
     )
