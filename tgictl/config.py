@@ -6,6 +6,7 @@ reads flags or environment variables itself. Messages name the field and the all
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,6 +277,13 @@ class ShardConfig:
         return tuple(f"unix://{self.socket_path(rank)}" for rank in range(self.world_size))
 
 
+class SchedulingPolicy(str, enum.Enum):
+    """In which order waiting requests run and whom a full cache preempts (--scheduling-policy)."""
+
+    FCFS = "fcfs"  # first come, first served (TGI's queue)
+    PRIORITY = "priority"  # by the request's `priority`, lower first, then first come (vLLM's semantics)
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """`tgictl router`: TGI's router options. None = derived at start-up from the shard's warmup
@@ -308,6 +316,9 @@ class RouterConfig:
     # The radix prefix cache (TGI's PREFIX_CACHING). Off: every prompt is computed in full, and blocks
     # go straight back to the free list.
     prefix_caching: bool = True
+    # Waiting requests run in arrival order (fcfs), or by their `priority` (lower first; a full cache
+    # preempts the lowest priority first, and a waiting request may preempt running ones of lower priority).
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
     max_client_batch_size: int = 4
     api_key: str | None = field(default=None, repr=False)  # never printed
     cors_allow_origin: tuple[str, ...] = ()  # empty: any origin

@@ -4,6 +4,7 @@ ShardedClient scheduling real forwards, without the HTTP layer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -14,8 +15,10 @@ import pytest
 from shard_procs import BLOCK_SIZE, REPO_ROOT, ShardProc, start_shard, warmup_batch
 from tokenizers import Tokenizer
 
+from tgictl.config import SchedulingPolicy
 from tgictl.proto.messages import (
     Batch,
+    BlockGrant,
     CachedBatch,
     SamplingParams,
     StepResult,
@@ -52,15 +55,21 @@ class RecordingClient:
     def __init__(self, inner: ShardedClient) -> None:
         self.inner = inner
         self.prefills: list[Batch] = []
+        self.grants = 0  # BlockGrants sent: blocks handed to running requests as they grew
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
         self.prefills.append(batch)
-        return await self.inner.prefill(batch, cached, max_prefill_tokens)
+        self.grants += len(grants)
+        return await self.inner.prefill(batch, cached, max_prefill_tokens, grants)
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
-        return await self.inner.decode(batches, steps)
+    async def decode(
+        self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
+    ) -> StepResult:
+        self.grants += len(grants)
+        return await self.inner.decode(batches, steps, grants)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         return await self.inner.filter_batch(batch_id, request_ids)
@@ -80,18 +89,22 @@ class Stack:
         assert self.allocator.free_blocks + self.allocator.cached_blocks == self.allocator.total_blocks
 
 
-async def make_stack(socket_path: Path, tokenizer_dir: Path, prefill_tokens: int = 512) -> Stack:
+async def make_stack(
+    socket_path: Path, tokenizer_dir: Path, prefill_tokens: int = 512, num_blocks: int = 512, decode_steps: int = 1,
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS,
+) -> Stack:
+    """`num_blocks`: the router's KV budget (at most what the shard holds), reserved block 0 included."""
     inner = await ShardedClient.connect(str(socket_path))
     await inner.clear_cache(None)
     warm = await inner.warmup(WarmupRequest(batch=warmup_batch(), max_prefill_tokens=prefill_tokens))
-    num_blocks = min(warm.max_supported_total_tokens // BLOCK_SIZE, 512)
+    num_blocks = min(warm.max_supported_total_tokens // BLOCK_SIZE, num_blocks)
     allocator = RadixAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE)
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     texts = TokenTexts(tokenizer, frozenset())
     client = RecordingClient(inner)
     batcher = Batcher(
-        client, Queue(allocator, block_size=BLOCK_SIZE), allocator, texts,
-        BatcherConfig(max_batch_prefill_tokens=prefill_tokens),
+        client, Queue(allocator, block_size=BLOCK_SIZE, policy=policy), allocator, texts,
+        BatcherConfig(max_batch_prefill_tokens=prefill_tokens, decode_steps=decode_steps),
     )
     return Stack(client, allocator, batcher)
 
@@ -183,6 +196,68 @@ def test_a_client_that_leaves_mid_generation_frees_its_blocks(shard: ShardProc, 
         return before
 
     assert run(shard, tiny_model_dir, scenario) > 0
+
+
+def sampled(prompt: tuple[int, ...], n: int, seed: int) -> ValidatedRequest:
+    return ValidatedRequest(input_ids=prompt, sampling=SamplingParams(temperature=0.8, top_k=50, seed=seed),
+                            max_new_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_preempted_requests_resume_to_the_outputs_they_have_alone(
+    shard: ShardProc, tiny_model_dir: Path, decode_steps: int
+) -> None:
+    """A KV budget of 24 blocks (23 usable, 368 tokens) and 8 requests of up to 30 + 60 tokens each, greedy
+    and seeded-sampled: they are all admitted on their prompts' blocks, grow, and the cache runs out, so
+    the latest arrivals are preempted, their KV published, and resumed later. Each one's tokens equal what
+    it generates alone (float32), every block comes back, and the shard was granted blocks as rows grew."""
+    requests = [
+        greedy(p, 40 + (i * 7) % 21) if i % 2 else sampled(p, 40 + (i * 7) % 21, seed=i)
+        for i, p in enumerate(prompts(8))
+    ]
+
+    async def scenario(stack: Stack) -> tuple[list[list[int]], list[list[int]], int, int]:
+        alone = [await tokens(stack, r) for r in requests]
+        together = await asyncio.gather(*(tokens(stack, r) for r in requests))
+        stack.no_leak()
+        return alone, list(together), stack.batcher.scheduler.preemptions, stack.client.grants
+
+    alone, together, preemptions, grants = run(
+        shard, tiny_model_dir, scenario, num_blocks=24, decode_steps=decode_steps
+    )
+    assert preemptions > 0 and grants > 0
+    assert together == alone
+    assert [len(t) for t in together] == [r.max_new_tokens for r in requests]
+
+
+def test_a_priority_request_runs_first_and_preempts_lower_priorities(shard: ShardProc, tiny_model_dir: Path) -> None:
+    """--scheduling-policy priority on a cache that holds about two of the long requests: the urgent one,
+    sent last, gets its first token before every long one has finished, by preempting them; all outputs
+    still equal those alone."""
+    long_ones = [dataclasses.replace(greedy(p, 120), priority=5) for p in prompts(4)]
+    urgent = dataclasses.replace(greedy(prompts(5)[4], 8), priority=-1)
+
+    async def scenario(stack: Stack) -> tuple[list[list[int]], list[list[int]], list[int], int]:
+        alone = [await tokens(stack, r) for r in (*long_ones, urgent)]
+        order: list[int] = []
+
+        async def run_one(index: int, request: ValidatedRequest) -> list[int]:
+            out = await tokens(stack, request)
+            order.append(index)
+            return out
+
+        tasks = [asyncio.create_task(run_one(i, r)) for i, r in enumerate(long_ones)]
+        while stack.batcher.in_flight < 2:  # the long ones run
+            await asyncio.sleep(0.01)
+        together = [await run_one(4, urgent)] + [await t for t in tasks]
+        stack.no_leak()
+        return alone, together[1:] + together[:1], order, stack.batcher.scheduler.preemptions
+
+    alone, together, order, preemptions = run(
+        shard, tiny_model_dir, scenario, num_blocks=20, policy=SchedulingPolicy.PRIORITY
+    )
+    assert together == alone
+    assert order[0] == 4 and preemptions > 0
 
 
 def test_importing_the_router_never_imports_torch() -> None:

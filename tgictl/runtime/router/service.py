@@ -22,7 +22,7 @@ from typing import Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tgictl.config import BASE_MODEL_ALIASES, RouterConfig
+from tgictl.config import BASE_MODEL_ALIASES, RouterConfig, SchedulingPolicy
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
@@ -140,13 +140,14 @@ class RouterService:
                 vocab_size=info.vocab_size,
                 adapters=info.adapters,
                 base_model_names=(model_id, *BASE_MODEL_ALIASES),
+                priority_scheduling=config.scheduling_policy is SchedulingPolicy.PRIORITY,
             ),
             grammars,
         )
         # The router owns the prefix cache; the shard only says whether it can compute from a cached prefix.
         self.prefix_caching = config.prefix_caching and info.use_prefix_caching
         self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching)
-        self.queue = Queue(self.allocator, block_size=info.block_size)
+        self.queue = Queue(self.allocator, block_size=info.block_size, policy=config.scheduling_policy)
         step_client: ShardClient = MeteredClient(client, self.metrics)
         if config.otlp_endpoint is not None:
             step_client = TracedClient(step_client, self._request_trace)
@@ -160,6 +161,7 @@ class RouterService:
                 max_batch_size=limits.max_batch_size,
                 decode_steps=config.decode_steps,
                 decode_call_ns=round(config.decode_call_ms * 1e6),
+                speculate=info.speculate,
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )
@@ -172,6 +174,8 @@ class RouterService:
             kv_total=lambda: allocator.total_blocks,
             kv_free=lambda: allocator.free_blocks,
             kv_cached=lambda: allocator.cached_blocks,
+            preemptions=lambda: self.batcher.scheduler.preemptions,
+            waiting_priorities=lambda: (entry.priority for entry in self.queue.entries()),
         )
         register_gateway_gauges(self.metrics.registry, GatewaySources(
             waiting=lambda: len(self.queue),
