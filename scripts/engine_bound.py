@@ -30,7 +30,7 @@ from perf_decode import DEFAULT_MODEL, decode_batch  # noqa: E402
 
 from tgictl.env import apply_shard_library_defaults  # noqa: E402
 from tgictl.kernels.linear import linear  # noqa: E402
-from tgictl.runtime.profile.budgets import ModelShape, model_shape  # noqa: E402
+from tgictl.runtime.profile.model_shape import ModelShape, model_shape  # noqa: E402
 from tgictl.runtime.profile.hardware import measure_matmul_flops  # noqa: E402
 from tgictl.runtime.profile.step_bound import decode_step_bound  # noqa: E402
 

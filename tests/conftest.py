@@ -15,6 +15,7 @@ import pytest
 from tests.import_recorder import recorded_imports_env
 from tgictl.config import DEFAULT_MODEL_ID, HubConfig
 from tgictl.testing.tiny_models import FAMILIES, write_tiny_model, write_tokenizer
+from tgictl.testing.tiny_thinking import write_thinking_model
 
 MakeTinyModel = Callable[..., Path]
 
@@ -48,6 +49,13 @@ def tiny_model_dir(make_tiny_model: MakeTinyModel) -> Path:
 def tiny_model_dirs(make_tiny_model: MakeTinyModel) -> dict[str, Path]:
     """One default tiny model per family: {"llama": dir, "mistral": dir, "qwen2": dir, "qwen3": dir}."""
     return {family: make_tiny_model(family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def thinking_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny reasoning model (tiny qwen3, `<think>`/`</think>` in its vocabulary) whose chat template ends
+    the generation prompt with `<think>\\n` (tgictl/testing/tiny_thinking.py)."""
+    return write_thinking_model(tmp_path_factory.mktemp("tiny-thinking"), "opens")
 
 
 @pytest.fixture(scope="session")

@@ -113,7 +113,12 @@ class GenerationError(TgictlError):
 
 
 class ShardConnectionError(GenerationError):
-    """The router cannot reach a shard (socket gone, transport failure)."""
+    """The router cannot reach a shard (socket gone, transport failure). 503, not TGI's 424: the request
+    was not at fault and this replica cannot serve, so a gateway in front retries it on another replica
+    (docs/replicas.md, "Failover")."""
+
+    http_status = 503
+    error_type = "unavailable"
 
 
 class DeviceError(TgictlError):

@@ -77,11 +77,15 @@ def test_api_key(stack: Stack, http: httpx.Client) -> None:
     assert ok.usage.completion_tokens == 1
 
 
-def test_served_model_name_replaces_the_tokenizer_path_everywhere(stack: Stack, http: httpx.Client) -> None:
+def test_served_model_name_replaces_the_tokenizer_path_everywhere(
+    stack: Stack, http: httpx.Client, tiny_model_dir: Path
+) -> None:
     assert http.get("/info").json()["model_id"] == SERVED
-    assert http.get("/v1/models").json()["data"] == [
-        {"id": SERVED, "object": "model", "created": 0, "owned_by": SERVED}
-    ]
+    # `root` stays what the model was loaded from (vLLM's meaning), `owned_by` the server (worker_contract.py).
+    assert http.get("/v1/models").json()["data"] == [{
+        "id": SERVED, "object": "model", "created": 0, "owned_by": "tgictl", "root": str(tiny_model_dir),
+        "parent": None, "max_model_len": 2048,
+    }]
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0)
     assert client.completions.create(model="tgi", prompt="hi", max_tokens=1).model == SERVED
     chat = client.chat.completions.create(model="tgi", messages=[{"role": "user", "content": "hi"}], max_tokens=1)

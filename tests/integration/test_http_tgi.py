@@ -211,7 +211,8 @@ def test_info_models_docs(client: httpx.Client, tiny_model_dir: Path) -> None:
     assert info["max_best_of"] == 2 and info["max_stop_sequences"] == 4
     models = client.get("/v1/models").json()
     assert models == {"object": "list", "data": [
-        {"id": str(tiny_model_dir), "object": "model", "created": 0, "owned_by": str(tiny_model_dir)}
+        {"id": str(tiny_model_dir), "object": "model", "created": 0, "owned_by": "tgictl", "root": str(tiny_model_dir),
+         "parent": None, "max_model_len": 512}
     ]}
     assert client.get("/docs").status_code == 200
     paths = client.get("/api-doc/openapi.json").json()["paths"]

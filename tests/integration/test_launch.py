@@ -25,6 +25,8 @@ import httpx
 import pytest
 from launch_procs import REPO_ROOT, LaunchProc, hub_cache_holding, start_launch
 
+from tgictl.runtime.launcher.plan import free_port
+
 HUB_ID = "tgictl-test/tiny-llama"
 API_KEY = "launch-s3cret-key"
 PROMPTS = ("hello world", "the quick brown fox", "a b c d e f g")

@@ -61,12 +61,19 @@ def wait_idle(url: str, timeout_s: float = 15.0) -> KvState:
 def assert_error_json(status: int, body: bytes, context: Any = "", path: str | None = None) -> dict[str, Any]:
     """An error body in the shape of its route's API, returned as TGI's {"error": str, "error_type": str}.
     TGI's routes: {"error": str, "error_type": str}; OpenAI's (/v1/...): {"error": {"message", "type",
-    "param", "code"}}, tgictl's error type in `code`. Without `path` either shape is accepted."""
+    "param", "code"}}, tgictl's error type in `code`; Anthropic's (/v1/messages...): {"type": "error", "error":
+    {"type", "message"}}, its type as the error type. Without `path` TGI's or OpenAI's shape is accepted."""
     try:
         parsed = json.loads(body)
     except ValueError:
         raise AssertionError(f"{status} without a JSON body: {body[:300]!r} ({context})") from None
     assert isinstance(parsed, dict), f"{status} body is not an error object: {body[:300]!r} ({context})"
+    if path is not None and path.startswith("/v1/messages"):
+        error = parsed.get("error")
+        ok = parsed.get("type") == "error" and isinstance(error, dict) and set(error) == {"type", "message"} and all(
+            isinstance(v, str) for v in error.values())
+        assert ok, f"{status} body is not Anthropic's error JSON: {body[:300]!r} ({context})"
+        return {"error": error["message"], "error_type": error["type"]}
     openai_shape = path.startswith("/v1/") if path is not None else isinstance(parsed.get("error"), dict)
     if openai_shape:
         error = parsed.get("error")
@@ -91,7 +98,11 @@ def sse_data(lines: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def is_error_event(event: dict[str, Any]) -> bool:
-    """An in-band stream error: TGI's {"error", "error_type"} or OpenAI's {"error": {"message", ...}}."""
+    """An in-band stream error: TGI's {"error", "error_type"}, OpenAI's {"error": {"message", ...}}, Anthropic's
+    {"type": "error", "error": {"type", "message"}} or the Responses API's {"type": "error", "code", "message"}."""
+    if event.get("type") == "error":
+        error = event.get("error", event)
+        return isinstance(error, dict) and isinstance(error.get("message"), str)
     error = event.get("error")
     if isinstance(error, dict):
         return isinstance(error.get("message"), str) and isinstance(error.get("code"), str)

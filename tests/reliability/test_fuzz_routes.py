@@ -175,9 +175,9 @@ INVALID_UTF8 = st.sampled_from(
 
 
 @st.composite
-def requests(draw: st.DrawFn, route: str) -> tuple[str, bytes]:
-    """(content type, body bytes) for one POST."""
-    body = draw(st.one_of(BODIES[route], BODIES[route], BODIES[route], ANY))
+def requests(draw: st.DrawFn, route: str, bodies: dict[str, st.SearchStrategy[Any]] = BODIES) -> tuple[str, bytes]:
+    """(content type, body bytes) for one POST; `bodies`: each route's body strategy."""
+    body = draw(st.one_of(bodies[route], bodies[route], bodies[route], ANY))
     # allow_nan writes the raw NaN / Infinity / -Infinity tokens; ensure_ascii=False sends raw UTF-8.
     raw = json.dumps(body, allow_nan=True, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
     how = draw(st.sampled_from(["json"] * 5 + ["bad_utf8", "truncated", "nested", "content_type", "bytes"]))

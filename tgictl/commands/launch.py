@@ -1,4 +1,5 @@
-"""`tgictl launch`: one command that serves a model: N `tgictl shard` processes and a `tgictl router`.
+"""`tgictl launch`: one command that serves a model: N `tgictl shard` processes and a `tgictl router`
+(with --replicas: that many of them behind the SGLang Model Gateway, docs/replicas.md).
 
 Flags → LaunchConfig (the router options in a RouterConfig, validated before anything starts) →
 runtime/launcher.launch. Shard options and every router option pass through unchanged.
@@ -16,7 +17,14 @@ from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
 from tgictl.commands.health_option import HEALTH_STEP_TIMEOUT_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.commands.router_options import RouterFlags, with_router_options
-from tgictl.config import DEFAULT_MODEL_ID, SHARD_DTYPES, LaunchConfig, LogConfig, parse_lora_adapters
+from tgictl.config import (
+    DEFAULT_MODEL_ID,
+    GATEWAY_POLICIES,
+    SHARD_DTYPES,
+    LaunchConfig,
+    LogConfig,
+    parse_lora_adapters,
+)
 from tgictl.env import inherited_environ, read_env
 from tgictl.quantization import quantize_spec
 from tgictl.units import parse_size
@@ -64,6 +72,20 @@ def launch(
         "comma-separated (default: LORA_ADAPTERS). Requests choose one with TGI's parameters.adapter_id "
         "or OpenAI's model.",
     ),
+    replicas: int = typer.Option(
+        1, "--replicas",
+        help="Replicas of the model (each its shards and router, on its own cores) behind the SGLang Model "
+        "Gateway on --port; 1: one replica serving --port itself. Needs pip install 'tgictl[gateway]'.",
+    ),
+    replica_cpus: Optional[list[str]] = typer.Option(
+        None, "--replica-cpus", show_default=False,
+        help="One per replica (repeat it), the cores it runs on, e.g. --replica-cpus 0-15 --replica-cpus 16-31 "
+        "(default: one NUMA node each when there are as many, else the usable cores split evenly).",
+    ),
+    gateway_policy: str = typer.Option(
+        "cache_aware", "--gateway-policy",
+        help=f"How the gateway picks a replica: {', '.join(GATEWAY_POLICIES)} (SMG's policies).",
+    ),
     *,
     router_flags: RouterFlags,
 ) -> None:
@@ -90,6 +112,9 @@ def launch(
         ),
         lora_adapters=parse_lora_adapters(lora_adapters if lora_adapters is not None else env.lora_adapters),
         health_step_timeout_s=health_step_timeout,
+        replicas=replicas,
+        replica_cpus=tuple(replica_cpus or ()),
+        gateway_policy=gateway_policy,
     )
     log_config = ctx.obj if isinstance(ctx.obj, LogConfig) else LogConfig()
     # The children start from this process's environment (cli.py exported the logging setup into it).

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
-from tgictl.config import DEFAULT_MODEL_ID, LogConfig
+from tgictl.config import DEFAULT_MODEL_ID, LogConfig, check_model_id, check_replicas
 from tgictl.env import read_env
 from tgictl.errors import ConfigError, TgictlError, UsageError
 from tgictl.quantization import quantize_spec
@@ -31,17 +31,16 @@ from tgictl.runtime.profile.budgets import (
     WARMUP_WIGGLE_ROOM,
     Budgets,
     BudgetSettings,
-    ModelShape,
     compute_budgets,
-    kv_heads_per_shard,
-    model_shape,
 )
+from tgictl.runtime.profile.model_shape import ModelShape, kv_heads_per_shard, model_shape
 from tgictl.runtime.profile.hardware import (
     Hardware,
     discover_hardware,
     lookup_card_flops,
 )
 from tgictl.runtime.profile.measure import MeasureSettings, compare, measure
+from tgictl.runtime.profile.replicas import replica_budgets
 from tgictl.units import parse_size
 
 
@@ -74,7 +73,7 @@ def profile_report(
     budget_figures = budgets.to_dict()
     problems = budget_figures.pop("problems")
     return {
-        "model": {"model_id": model_id, "path": str(model_dir)} | asdict(shape),
+        "model": {"model_id": model_id, "path": str(model_dir)} | _lists(asdict(shape)),
         "devices": {
             "gpus": gpus,
             "gpu_note": hardware.gpu_note,
@@ -84,6 +83,13 @@ def profile_report(
         "budgets": budget_figures,
         "problems": problems,
     }
+
+
+def _lists(value: Any) -> Any:
+    """JSON's shapes: tuples (a family's layer windows) as lists, inside dicts too."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    return [_lists(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def _bytes(value: int) -> str:
@@ -151,6 +157,14 @@ def render_report(report: dict[str, Any], console: Console | None = None) -> Non
                 "—" if figure[key] is None else _format(name, figure[key]) for key in ("estimate", "measured")
             )
             table.add_row(name, estimate, Text(measured) + Text("\n" + figure["source"], style="dim"))
+        console.print(table)
+    for row in report.get("replicas", ()):
+        table = Table(title=f"Replica {row['replica']} (cores {row['cpus']}): its budgets", show_lines=True)
+        table.add_column("figure", no_wrap=True)
+        table.add_column("value and where it comes from", overflow="fold")
+        for name, figure in row["budgets"].items():
+            if name != "problems":
+                table.add_row(name, Text(_format(name, figure["value"])) + Text("\n" + figure["source"], style="dim"))
         console.print(table)
     for problem in report["problems"]:
         console.print(f"[bold red]problem:[/] {problem}")
@@ -220,6 +234,12 @@ def profile(
     cuda_memory_fraction: float = typer.Option(1.0, "--cuda-memory-fraction", help="Share of each GPU to use."),
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
+    replicas: int = typer.Option(
+        1, "--replicas", help="Show each replica's budgets for `tgictl launch --replicas N` (its own cores)."
+    ),
+    replica_cpus: Optional[list[str]] = typer.Option(
+        None, "--replica-cpus", show_default=False, help="As `tgictl launch --replica-cpus` (one per replica)."
+    ),
     run_measure: bool = typer.Option(
         False, "--measure",
         help="Also load the model here as one shard, run the router's warmup probe and show the measured "
@@ -239,6 +259,8 @@ def profile(
         cuda_memory_fraction=cuda_memory_fraction,
         quantize=quantize_spec(quantize, quantize_group_size),
     )
+    check_model_id(model_id)
+    check_replicas(replicas, tuple(replica_cpus or ()))
     if run_measure and num_shard != 1:
         raise UsageError(
             f"--measure loads the model in this process as a single shard, so it needs --num-shard 1 "
@@ -252,6 +274,11 @@ def profile(
     hardware = discover_hardware(visible_gpus=visible_gpus)
     budgets = compute_budgets(shape, hardware, settings, tokenizer_max_length, _gguf_tensor_bytes(model_dir, settings))
     report = profile_report(model_id, model_dir, shape, hardware, budgets)
+    if replicas > 1:
+        rows, problems = replica_budgets(shape, hardware, settings, replicas, replica_cpus or (),
+                                         tokenizer_max_length, _gguf_tensor_bytes(model_dir, settings))
+        report["replicas"] = rows
+        report["problems"] += problems
     measure_error: TgictlError | None = None
     if run_measure:
         try:
@@ -265,8 +292,8 @@ def profile(
         render_report(report)
     if measure_error is not None:
         raise measure_error
-    if budgets.problems:  # the figures are printed; the exit code says this setup would not start
-        raise ConfigError(f"this configuration would not start: {'; '.join(budgets.problems)}")
+    if report["problems"]:  # the figures are printed; the exit code says this setup would not start
+        raise ConfigError(f"this configuration would not start: {'; '.join(report['problems'])}")
 
 
 def register(app: typer.Typer) -> None:

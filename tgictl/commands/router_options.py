@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import typer
 
-from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, RouterConfig, SchedulingPolicy
+from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, REASONING_PARSERS, RouterConfig, SchedulingPolicy
 from tgictl.env import Env
 
 # RouterConfig is the single source of the defaults (the launcher's router_argv compares against it too).
@@ -111,9 +111,31 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         None, "--otlp-endpoint", show_default=False,
         help="Send OpenTelemetry traces to this OTLP/gRPC collector, e.g. http://127.0.0.1:4317.",
     )),
+    ("kv_events_endpoint", Optional[str], typer.Option(
+        None, "--kv-events-endpoint", show_default=False,
+        help="Publish KV cache events (vLLM's format) on this ZMQ endpoint: tcp://*:5557 binds, tcp://HOST:PORT "
+        "connects to a consumer. Needs pip install 'tgictl[kv-events]'.",
+    )),
+    ("kv_events_replay_endpoint", Optional[str], typer.Option(
+        None, "--kv-events-replay-endpoint", show_default=False,
+        help="Answer replay requests for missed KV event batches here (e.g. tcp://*:5558).",
+    )),
+    ("kv_events_topic", str, typer.Option(
+        _DEFAULTS["kv_events_topic"], "--kv-events-topic", help="The ZMQ topic of the KV events (vLLM's default: none).",
+    )),
     ("otlp_service_name", str, typer.Option(
         _DEFAULTS["otlp_service_name"], "--otlp-service-name",
         help="The router's service name in traces (launch: the shards get NAME.shard, '.router' dropped).",
+    )),
+    ("reasoning_parser", Optional[str], typer.Option(
+        None, "--reasoning-parser", show_default=False,
+        help=f"Split a reasoning model's think text from its answer: {' or '.join(REASONING_PARSERS)} "
+        "(reasoning_content, thinking blocks, reasoning items).",
+    )),
+    ("allow_lora_loading", bool, typer.Option(
+        _DEFAULTS["allow_lora_loading"], "--allow-lora-loading/--no-allow-lora-loading", show_default=False,
+        help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --api-key when one is set; "
+        "default: off).",
     )),
 )
 _FLAGS_PARAMETER = "router_flags"

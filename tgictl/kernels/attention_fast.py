@@ -139,7 +139,8 @@ def prefill_attention(
     """
     if query.device.type == "cpu" and query.dtype == torch.bfloat16 and softcap is None \
             and (native := load_native_kernels()) is not None:
-        out = native.prefill_attention(query.contiguous(), key_cache, value_cache, plan.slots, plan.cache_len, scale)
+        out = native.prefill_attention(query.contiguous(), key_cache, value_cache, plan.slots, plan.cache_len, scale,
+                                       plan.window)
         if out is not None:
             return out
     return prefill_attention_torch(query, key_cache, value_cache, plan, scale, softcap)

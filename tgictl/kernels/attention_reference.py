@@ -26,8 +26,10 @@ def attention_reference(
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """query: [num_tokens, heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim].
+    window: a sliding window's positions (query at p sees keys p - window + 1 .. p), None for all.
 
     Returns [num_tokens, heads, head_dim] in query's dtype.
     """
@@ -46,7 +48,10 @@ def attention_reference(
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         query_pos = torch.arange(new_len)[:, None] + cache_len
-        visible = torch.arange(context_len)[None, :] <= query_pos  # [new_len, context_len]
+        key_pos = torch.arange(context_len)[None, :]
+        visible = key_pos <= query_pos  # [new_len, context_len]
+        if window is not None:
+            visible &= key_pos > query_pos - window
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start : start + new_len] = (probs @ v).transpose(0, 1).to(query.dtype)

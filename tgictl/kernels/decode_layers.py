@@ -9,12 +9,12 @@ results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
---batch-invariant; the model says whether its layers have the plain shape (no biases, no q/k norms, no
-softcap; projections dense bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows
-(--quantize int8)): `LayerStack`. Otherwise the caller runs its layers in Python. int4 and int8 projections
-are multiplied by the C kernels even where the dispatch table would pick torch's for that shape (the loop
-cannot call torch; the two differ by float rounding, and the calls the loop saves are worth more than the
-table's margin).
+--batch-invariant; the model says whether its layers have the plain shape (Llama's layer: no biases, no q/k norms,
+no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense bf16, int4 tiles
+(--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
+runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
+table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
+calls the loop saves are worth more than the table's margin).
 """
 
 from __future__ import annotations
@@ -28,27 +28,12 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.batch_invariance import batch_invariant
-from tgictl.kernels.linear import (
-    AMX_FIRST_MAX_ROWS,
-    SMALL_LINEAR_MAX_ROWS,
-    amx_available,
-    dpbf16_linear_available,
-    fma_linear_available,
-)
-from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, Int8Weight, LinearWeight
-from tgictl.kernels.linear_methods.native import quant_kernels
+from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS
+from tgictl.kernels.linear_descriptor import LinearDescriptor, linear_descriptor, runs_many_rows
+from tgictl.kernels.linear_methods import LinearWeight
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
-
-
-class _Linear(ctypes.Structure):
-    """csrc/decode_layers.c's linear_desc: bf16 rows (group 0), int4 tiles or int8 rows (group _INT8_ROWS)."""
-
-    _fields_ = [("weight", ctypes.c_void_p), ("scales_zeros", ctypes.c_void_p), ("group", ctypes.c_int64),
-                ("k_pad", ctypes.c_int64)]
-
-
-_INT8_ROWS = -1  # csrc/decode_layers.c's INT8_ROWS: the group that marks int8 rows
+from tgictl.kernels.window import windowed
 
 
 @dataclass(frozen=True)
@@ -60,6 +45,7 @@ class LayerShape:
     intermediate: int
     eps: float
     scale: float
+    window: int | None = None  # every layer's sliding window (Mistral's), None for full attention
 
     def projections(self) -> tuple[tuple[int, int], ...]:
         """(out, in) of qkv, o, gate_up and down: the loop's order."""
@@ -77,62 +63,30 @@ class PlainLayer:
     projections: tuple[LinearWeight, LinearWeight, LinearWeight, LinearWeight]  # qkv, o, gate_up, down
 
 
-def _descriptor(weight: LinearWeight, out_in: tuple[int, int]) -> _Linear | None:
-    """The loop's view of one projection, or None when it is of a format or shape the loop cannot read."""
-    if (weight.out_features, weight.in_features) != out_in:
-        return None
-    if isinstance(weight, DenseWeight):
-        w = weight.weight
-        ok = w.device.type == "cpu" and w.dtype == torch.bfloat16 and w.is_contiguous()
-        return _Linear(w.data_ptr(), None, 0, 0) if ok else None
-    if isinstance(weight, Int4Weight):
-        packed, sz = weight.packed, weight.scales_zeros
-        ok = packed.device.type == "cpu" and sz.dtype == torch.bfloat16 and packed.is_contiguous() \
-            and sz.is_contiguous()
-        return _Linear(packed.data_ptr(), sz.data_ptr(), weight.group_size, weight.padded_in_features) if ok else None
-    if isinstance(weight, Int8Weight):
-        q, scales = weight.qweight, weight.scales
-        ok = q.device.type == "cpu" and scales.dtype == torch.bfloat16 and q.is_contiguous() and scales.is_contiguous()
-        return _Linear(q.data_ptr(), scales.data_ptr(), _INT8_ROWS, 0) if ok else None
-    return None
-
-
-def _many_rows(weight: LinearWeight) -> bool:
-    """Whether the loop's many-row kernel for this projection runs here (it then equals the Python layers')."""
-    if isinstance(weight, Int4Weight):
-        kernels = quant_kernels()
-        return kernels is not None and kernels.int4_bf16_instructions != "none" \
-            and weight.padded_in_features == weight.in_features
-    if isinstance(weight, Int8Weight):  # rows decoded per strip for AMX or VDPBF16PS (csrc/int8_linear.c)
-        return (amx_available() or dpbf16_linear_available()) and weight.in_features % 32 == 0
-    return (amx_available() and weight.in_features % 32 == 0) \
-        or (dpbf16_linear_available() and weight.in_features % 4 == 0) \
-        or (fma_linear_available() and weight.in_features % 16 == 0)
-
-
 class LayerStack:
     """Consecutive decoder layers as the C loop reads them (pointers into tensors the model holds: the
     stack keeps them referenced, and weights never move after load)."""
 
-    def __init__(self, shape: LayerShape, layers: Sequence[PlainLayer], descriptors: Sequence[_Linear]) -> None:
+    def __init__(self, shape: LayerShape, layers: Sequence[PlainLayer],
+                 descriptors: Sequence[LinearDescriptor]) -> None:
         self.shape = shape
         self.count = len(layers)
         self._layers = tuple(layers)  # keeps every pointer's tensor alive
         norms = [t for layer in layers for t in (layer.input_norm, layer.post_norm)]
         self.norm_pointers = (ctypes.c_void_p * len(norms))(*(t.data_ptr() for t in norms))
-        self.linears = (_Linear * len(descriptors))(*descriptors)
-        self.max_rows = AMX_FIRST_MAX_ROWS if all(_many_rows(w) for layer in layers for w in layer.projections) \
+        self.linears = (LinearDescriptor * len(descriptors))(*descriptors)
+        self.max_rows = AMX_FIRST_MAX_ROWS if all(runs_many_rows(w) for layer in layers for w in layer.projections) \
             else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
         self._caches: tuple[tuple[Tensor, ...], ctypes.Array[ctypes.c_void_p]] | None = None
 
     @classmethod
     def build(cls, shape: LayerShape, layers: Sequence[PlainLayer]) -> LayerStack | None:
         """The stack, or None when some layer's weights are not what the loop reads."""
-        descriptors: list[_Linear] = []
+        descriptors: list[LinearDescriptor] = []
         for layer in layers:
             norms_ok = all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.is_contiguous()
                            and tuple(t.shape) == (shape.hidden_size,) for t in (layer.input_norm, layer.post_norm))
-            found = [_descriptor(w, out_in) for w, out_in in zip(layer.projections, shape.projections())]
+            found = [linear_descriptor(w, out_in) for w, out_in in zip(layer.projections, shape.projections())]
             if not norms_ok or any(d is None for d in found):
                 return None
             descriptors.extend(d for d in found if d is not None)
@@ -183,6 +137,9 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
         return None
     query = torch.empty(m, shape.heads, shape.head_dim, dtype=torch.bfloat16)  # shape only, for the checks
     check_attention_inputs(query, key_cache, value_cache, meta)
+    decode = windowed(meta, shape.window).decode  # every layer's rows over their window's positions only
+    if decode is None:
+        return None
     hidden_out = hidden.clone()
     delta_out = delta.clone() if delta is not None else torch.empty_like(hidden)
     scratch = torch.empty(native.decode_layers_scratch(m, shape.hidden_size, shape.heads, shape.kv_heads,

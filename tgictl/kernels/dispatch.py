@@ -18,6 +18,7 @@ from tgictl.errors import ConfigError
 from tgictl.kernels.attention_fast import decode_attention, prefill_attention
 from tgictl.kernels.attention_reference import attention_reference
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
+from tgictl.kernels.window import windowed
 
 
 class AttentionFn(Protocol):
@@ -29,6 +30,7 @@ class AttentionFn(Protocol):
         meta: AttentionMetadata,
         scale: float,
         softcap: float | None = None,
+        window: int | None = None,
     ) -> Tensor: ...
 
 
@@ -39,14 +41,17 @@ def attention(
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Paged causal attention for the new tokens of a (mixed) batch.
 
     query: [num_tokens, heads, head_dim], the new tokens of every sequence in batch order, whose
-    K/V are already stored; caches: [num_blocks, block_size, kv_heads, head_dim].
+    K/V are already stored; caches: [num_blocks, block_size, kv_heads, head_dim]. window: a sliding
+    window's positions (a query sees itself and the window - 1 positions before it), None for all.
     Returns [num_tokens, heads, head_dim] in query's dtype.
     """
     check_attention_inputs(query, key_cache, value_cache, meta)
+    meta = windowed(meta, window)
     decode = meta.decode
     if meta.is_decode_only and decode is not None:
         return decode_attention(query, key_cache, value_cache, decode, scale, softcap)

@@ -7,7 +7,8 @@ per layer with identical metadata).
 Batch layout (a MIXED batch): sequence i has `cache_lens[i]` tokens whose K/V are already in the
 paged cache and `new_lens[i]` new tokens, whose K/V the model writes with `store_kv` BEFORE calling
 attention (at positions cache_len .. cache_len + new_len - 1). Query rows are the new tokens of every
-sequence concatenated in batch order; new token j of sequence i sees positions 0 .. cache_len + j.
+sequence concatenated in batch order; new token j of sequence i sees positions 0 .. cache_len + j (a
+sliding-window layer sees the metadata's windowed view instead: kernels/window.py).
 A decode sequence is simply one with new_len == 1.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import numpy as np
@@ -58,10 +59,12 @@ class PrefillPlan:
     seq_index: int
     query_start: int  # rows query_start .. query_end - 1 of `query`
     query_end: int
-    cache_len: int
-    slots: Tensor  # [context_len] int64 flat slots of positions 0 .. context_len - 1
-    # [new_len, context_len] bool, True = visible; None when cache_len == 0 (plain causal suffices).
+    cache_len: int  # keys in `slots` before the first query's own (the cached prefix, or its windowed tail)
+    slots: Tensor  # [cache_len + new_len] int64 flat slots of the keys, in position order
+    # [new_len, cache_len + new_len] bool, True = visible; None when plain causal suffices (no prefix, no window).
     mask: Tensor | None
+    # Sliding window (kernels/window.py): query j sees only keys after cache_len + j - window; None: all before it.
+    window: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +81,8 @@ class AttentionMetadata:
     is_decode_only: bool  # every sequence has new_len == 1
     decode: DecodePlan | None  # None when the batch has no decode rows
     prefill: tuple[PrefillPlan, ...]  # sequences with new_len > 1, in batch order
+    # This batch as sliding-window layers see it, per window (kernels/window.py builds and keeps them).
+    window_views: dict[int, AttentionMetadata] = field(default_factory=dict, init=False, repr=False)
 
     # The tensors below describe the batch for varlen kernels and the tests; no kernel of a decode step reads
     # them (positions and slots come with the step's inputs), so they are built on first use, not per step.
@@ -85,31 +90,31 @@ class AttentionMetadata:
     @functools.cached_property
     def cu_seqlens_q(self) -> Tensor:
         """[batch + 1] int64 query row offsets."""
-        return _tensor([0, *accumulate(self.new_lens)], self.device)
+        return as_tensor([0, *accumulate(self.new_lens)], self.device)
 
     @functools.cached_property
     def cu_seqlens_k(self) -> Tensor:
         """[batch + 1] int64 offsets of each sequence's whole context."""
-        return _tensor([0, *accumulate(c + n for c, n in zip(self.cache_lens, self.new_lens))], self.device)
+        return as_tensor([0, *accumulate(c + n for c, n in zip(self.cache_lens, self.new_lens))], self.device)
 
     @functools.cached_property
     def position_ids(self) -> Tensor:
         """[num_tokens] int64 absolute position of each query row (cache_len + j)."""
-        return _tensor([c + j for c, n in zip(self.cache_lens, self.new_lens) for j in range(n)], self.device)
+        return as_tensor([c + j for c, n in zip(self.cache_lens, self.new_lens) for j in range(n)], self.device)
 
     @functools.cached_property
     def new_token_slots(self) -> Tensor:
         """[num_tokens] int64 slot of each new token from the block tables (block * block_size + offset), where
         store_kv writes it; equals the router's slots, which follow the same rule."""
         size = self.block_size
-        return _tensor([table[p // size] * size + p % size
+        return as_tensor([table[p // size] * size + p % size
                         for table, c, n in zip(self.block_table_lists, self.cache_lens, self.new_lens)
                         for p in range(c, c + n)], self.device)
 
     @functools.cached_property
     def block_tables(self) -> Tensor:
         """[batch, max_blocks] int64, padded with block 0."""
-        return _tensor(_padded(self.block_table_lists), self.device)
+        return as_tensor(padded_tables(self.block_table_lists), self.device)
 
     @property
     def batch_size(self) -> int:
@@ -155,7 +160,7 @@ def _check(
             raise InvalidRequestError(f"sequence {i}: block ids must be >= 0")
 
 
-def _slot_matrix(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+def slot_matrix(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
     """Flat slots of `positions` for each row of `tables`: slot = block * block_size + offset.
 
     tables: [rows, max_blocks] int64; positions: [rows, T] or [1, T] (the same for every row) int64 -> [rows, T]
@@ -165,11 +170,11 @@ def _slot_matrix(tables: np.ndarray, positions: np.ndarray, block_size: int) -> 
     return tables[rows, positions // block_size] * block_size + positions % block_size
 
 
-def _tensor(array: np.ndarray | list[int], device: torch.device) -> Tensor:
+def as_tensor(array: np.ndarray | list[int], device: torch.device) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(device)
 
 
-def _padded(block_tables: Sequence[Sequence[int]]) -> np.ndarray:
+def padded_tables(block_tables: Sequence[Sequence[int]]) -> np.ndarray:
     """[batch, max_blocks] int64, padded with block 0."""
     tables = np.zeros((len(block_tables), max(len(t) for t in block_tables)), dtype=np.int64)
     for i, table in enumerate(block_tables):
@@ -194,7 +199,7 @@ def build_attention_metadata(
     # once. A decode step rebuilds this every step, after the weights' stream has left the caches cold: as
     # ~20 torch calls on CPU tensors it took 0.19-0.24 ms of a 4.2 ms one-row GGUF step (Zen 5), a numpy call
     # costing a fraction of a torch one.
-    tables = _padded(block_tables)
+    tables = padded_tables(block_tables)
     decode_seqs = [i for i, n in enumerate(new_lens) if n == 1]
     decode_only = len(decode_seqs) == len(new_lens)
     decode: DecodePlan | None = None
@@ -206,14 +211,14 @@ def build_attention_metadata(
         if min(dec_lens) < max_ctx:
             # padding gathers position 0 of the same sequence (see DecodePlan)
             positions = np.where(positions < dec_ctx[:, None], positions, 0)
-        slots = _slot_matrix(tables if decode_only else tables[decode_seqs], positions, block_size)
+        slots = slot_matrix(tables if decode_only else tables[decode_seqs], positions, block_size)
         rows = [cu[i] for i in decode_seqs]
         in_order = rows == list(range(len(rows)))
         decode = DecodePlan(
-            seq_indices=_tensor(decode_seqs, device),
-            query_rows=None if in_order else _tensor(rows, device),
-            context_lens=_tensor(dec_ctx, device),
-            slots=_tensor(slots.reshape(-1), device),
+            seq_indices=as_tensor(decode_seqs, device),
+            query_rows=None if in_order else as_tensor(rows, device),
+            context_lens=as_tensor(dec_ctx, device),
+            slots=as_tensor(slots.reshape(-1), device),
             max_context_len=max_ctx,
         )
 
@@ -233,7 +238,7 @@ def build_attention_metadata(
                 query_start=cu[i],
                 query_end=cu[i + 1],
                 cache_len=cache_len,
-                slots=_tensor(_slot_matrix(tables[i : i + 1], key_pos[None, :], block_size)[0], device),
+                slots=as_tensor(slot_matrix(tables[i : i + 1], key_pos[None, :], block_size)[0], device),
                 mask=mask,
             )
         )
@@ -248,7 +253,7 @@ def build_attention_metadata(
         max_block_id=max(max(t) for t in block_tables),
         device=device,
         # a decode-only batch's context lengths are its decode plan's
-        context_lens=decode.context_lens if decode_only and decode is not None else _tensor(context_lens, device),
+        context_lens=decode.context_lens if decode_only and decode is not None else as_tensor(context_lens, device),
         is_decode_only=decode_only,
         decode=decode,
         prefill=tuple(prefill),

@@ -17,6 +17,7 @@ float32, and logprobs (computed in float32 on the shard) round-trip exactly, NaN
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -36,6 +37,7 @@ from tgictl.proto.messages import (
     Grammar,
     GrammarType,
     Info,
+    LoadAdapterRequest,
     PrefillRequest,
     Request,
     SamplingParams,
@@ -481,43 +483,34 @@ def warmup_response_from_pb(m: pb.WarmupResponse) -> WarmupResult:
 
 
 def info_to_pb(i: Info) -> pb.InfoResponse:
-    return pb.InfoResponse(
-        requires_padding=i.requires_padding,
-        dtype=i.dtype,
-        device_type=i.device_type,
-        speculate=i.speculate,
-        support_chunking=i.support_chunking,
-        use_prefix_caching=i.use_prefix_caching,
-        attention_impl=i.attention_impl,
-        block_size=i.block_size,
-        model_type=i.model_type,
-        vocab_size=i.vocab_size,
-        num_layers=i.num_layers,
-        max_position_embeddings=i.max_position_embeddings,
-        eos_token_ids=i.eos_token_ids,
-        world_size=i.world_size,
-        adapters=i.adapters,
-    )
+    # Info crosses the wire once per router start, so its fields are copied by name (they are the proto's).
+    return pb.InfoResponse(**{f.name: getattr(i, f.name) for f in fields(Info)})
 
 
 def info_from_pb(m: pb.InfoResponse) -> Info:
-    return Info(
-        dtype=m.dtype,
-        device_type=m.device_type,
-        block_size=m.block_size,
-        support_chunking=m.support_chunking,
-        use_prefix_caching=m.use_prefix_caching,
-        attention_impl=m.attention_impl,
-        model_type=m.model_type,
-        vocab_size=m.vocab_size,
-        num_layers=m.num_layers,
-        max_position_embeddings=m.max_position_embeddings,
-        eos_token_ids=tuple(m.eos_token_ids),
-        world_size=m.world_size,
-        requires_padding=m.requires_padding,
-        speculate=m.speculate,
-        adapters=tuple(m.adapters),
-    )
+    values = {f.name: getattr(m, f.name) for f in fields(Info)}
+    return Info(**{**values, "eos_token_ids": tuple(m.eos_token_ids), "adapters": tuple(m.adapters),
+                   "layer_windows": tuple(m.layer_windows)})
+
+
+def load_adapter_request_to_pb(r: LoadAdapterRequest) -> pb.LoadAdapterRequest:
+    return pb.LoadAdapterRequest(name=r.name, path=r.path, adapter_index=r.adapter_index)
+
+
+def load_adapter_request_from_pb(m: pb.LoadAdapterRequest) -> LoadAdapterRequest:
+    if m.adapter_index < 1 or not m.name or not m.path:
+        raise InvalidRequestError("LoadAdapterRequest needs a name, a path and an adapter_index >= 1")
+    return LoadAdapterRequest(m.name, m.path, m.adapter_index)
+
+
+def unload_adapter_request_to_pb(adapter_index: int) -> pb.UnloadAdapterRequest:
+    return pb.UnloadAdapterRequest(adapter_index=adapter_index)
+
+
+def unload_adapter_request_from_pb(m: pb.UnloadAdapterRequest) -> int:
+    if m.adapter_index < 1:
+        raise InvalidRequestError("UnloadAdapterRequest needs an adapter_index >= 1")
+    return m.adapter_index
 
 
 def service_discovery_response_to_pb(urls: Sequence[str]) -> pb.ServiceDiscoveryResponse:

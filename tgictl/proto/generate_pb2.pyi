@@ -40,7 +40,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("requires_padding", "dtype", "device_type", "speculate", "support_chunking", "use_prefix_caching", "attention_impl", "block_size", "model_type", "vocab_size", "num_layers", "max_position_embeddings", "eos_token_ids", "world_size", "adapters")
+    __slots__ = ("requires_padding", "dtype", "device_type", "speculate", "support_chunking", "use_prefix_caching", "attention_impl", "block_size", "model_type", "vocab_size", "num_layers", "max_position_embeddings", "eos_token_ids", "world_size", "adapters", "layer_windows")
     REQUIRES_PADDING_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class InfoResponse(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     requires_padding: bool
     dtype: str
     device_type: str
@@ -71,7 +72,32 @@ class InfoResponse(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     world_size: int
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, requires_padding: _Optional[bool] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., speculate: _Optional[int] = ..., support_chunking: _Optional[bool] = ..., use_prefix_caching: _Optional[bool] = ..., attention_impl: _Optional[str] = ..., block_size: _Optional[int] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    layer_windows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, requires_padding: _Optional[bool] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., speculate: _Optional[int] = ..., support_chunking: _Optional[bool] = ..., use_prefix_caching: _Optional[bool] = ..., attention_impl: _Optional[str] = ..., block_size: _Optional[int] = ..., model_type: _Optional[str] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., layer_windows: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path", "adapter_index")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    adapter_index: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., adapter_index: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("adapter_index",)
+    ADAPTER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    adapter_index: int
+    def __init__(self, adapter_index: _Optional[int] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ServiceDiscoveryRequest(_message.Message):
     __slots__ = ()

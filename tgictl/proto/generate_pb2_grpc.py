@@ -46,6 +46,8 @@ class TextGenerationServiceStub:
     * Warmup: each rank sizes its own KV cache; the router keeps the minimum of each figure.
     * ClearCache and Health: every rank must succeed.
     * ServiceDiscovery: any rank answers with every rank's URL; the router asks rank 0.
+    * LoadAdapter and UnloadAdapter: every rank must succeed (each reads the adapter and keeps its own
+    slice of it); after a failure the router unloads the slot on every rank again.
     Errors: an invalid request (unknown batch id, empty filter list, block/slot/token id out of range)
     gets INVALID_ARGUMENT or NOT_FOUND and the shard keeps serving; an unrecoverable device failure gets
     INTERNAL and the shard process exits.
@@ -97,6 +99,16 @@ class TextGenerationServiceStub:
                 request_serializer=generate__pb2.HealthRequest.SerializeToString,
                 response_deserializer=generate__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/generate.v3.TextGenerationService/LoadAdapter',
+                request_serializer=generate__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=generate__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/generate.v3.TextGenerationService/UnloadAdapter',
+                request_serializer=generate__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=generate__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class TextGenerationServiceServicer:
@@ -120,6 +132,8 @@ class TextGenerationServiceServicer:
     * Warmup: each rank sizes its own KV cache; the router keeps the minimum of each figure.
     * ClearCache and Health: every rank must succeed.
     * ServiceDiscovery: any rank answers with every rank's URL; the router asks rank 0.
+    * LoadAdapter and UnloadAdapter: every rank must succeed (each reads the adapter and keeps its own
+    slice of it); after a failure the router unloads the slot on every rank again.
     Errors: an invalid request (unknown batch id, empty filter list, block/slot/token id out of range)
     gets INVALID_ARGUMENT or NOT_FOUND and the shard keeps serving; an unrecoverable device failure gets
     INTERNAL and the shard process exits.
@@ -181,6 +195,21 @@ class TextGenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Addition (not in TGI): reads a PEFT LoRA adapter into an adapter slot, while serving. The router
+        chooses the slot: a free one no request uses, so requests in flight keep their adapters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Addition (not in TGI): empties an adapter slot. The router only unloads a slot no request uses.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TextGenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +253,16 @@ def add_TextGenerationServiceServicer_to_server(servicer, server):
                     request_deserializer=generate__pb2.HealthRequest.FromString,
                     response_serializer=generate__pb2.HealthResponse.SerializeToString,
             ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=generate__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=generate__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=generate__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=generate__pb2.UnloadAdapterResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'generate.v3.TextGenerationService', rpc_method_handlers)
@@ -253,6 +292,8 @@ class TextGenerationService:
     * Warmup: each rank sizes its own KV cache; the router keeps the minimum of each figure.
     * ClearCache and Health: every rank must succeed.
     * ServiceDiscovery: any rank answers with every rank's URL; the router asks rank 0.
+    * LoadAdapter and UnloadAdapter: every rank must succeed (each reads the adapter and keeps its own
+    slice of it); after a failure the router unloads the slot on every rank again.
     Errors: an invalid request (unknown batch id, empty filter list, block/slot/token id out of range)
     gets INVALID_ARGUMENT or NOT_FOUND and the shard keeps serving; an unrecoverable device failure gets
     INTERNAL and the shard process exits.
@@ -464,6 +505,60 @@ class TextGenerationService:
             '/generate.v3.TextGenerationService/Health',
             generate__pb2.HealthRequest.SerializeToString,
             generate__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/generate.v3.TextGenerationService/LoadAdapter',
+            generate__pb2.LoadAdapterRequest.SerializeToString,
+            generate__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/generate.v3.TextGenerationService/UnloadAdapter',
+            generate__pb2.UnloadAdapterRequest.SerializeToString,
+            generate__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

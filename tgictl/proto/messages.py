@@ -190,7 +190,9 @@ class Info:
     world_size: int
     requires_padding: bool = False
     speculate: int = 0
-    adapters: tuple[str, ...] = ()  # LoRA adapter names; adapter_index k is adapters[k - 1]
+    adapters: tuple[str, ...] = ()  # LoRA adapter slots by name ("" free); adapter_index k is adapters[k - 1]
+    # per layer, its sliding window in positions; 0: the whole context (empty from a shard that does not say)
+    layer_windows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,3 +246,10 @@ class DecodeRequest:
     batches: tuple[CachedBatch, ...]  # non-empty; merged into one forward, in this order
     steps: int = 1  # decode steps before the answer (runtime/shard/decode_steps.py)
     grants: tuple[BlockGrant, ...] = ()  # for requests of `batches`, before the first step
+
+
+@dataclass(frozen=True)
+class LoadAdapterRequest:
+    name: str
+    path: str  # a local PEFT adapter directory
+    adapter_index: int  # the slot (from 1): a free one, or len(Info.adapters) + 1

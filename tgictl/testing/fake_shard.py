@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tgictl.errors import GenerationError, InvalidRequestError
 from tgictl.proto.messages import (
@@ -25,6 +26,7 @@ from tgictl.proto.messages import (
     GeneratedText,
     Generation,
     Info,
+    LoadAdapterRequest,
     Request,
     StepResult,
     Timings,
@@ -33,6 +35,7 @@ from tgictl.proto.messages import (
     WarmupResult,
 )
 from tgictl.proto.step_merge import merge_generations
+from tgictl.runtime.router.adapters import AdapterError
 from tgictl.runtime.shard.chunking import next_chunk_lengths
 
 
@@ -221,6 +224,7 @@ class FakeServiceClient:
     probes_fail: bool = False  # True: only the probe forward fails (the ranks are alive)
     warmups: list[WarmupRequest] = field(default_factory=list)
     probes: list[Batch] = field(default_factory=list)
+    adapter_calls: list[tuple[str, int]] = field(default_factory=list)  # ("load" | "unload", adapter_index)
     closed: bool = False
 
     async def info(self) -> Info:
@@ -256,6 +260,15 @@ class FakeServiceClient:
 
     async def clear_cache(self, batch_id: int | None) -> None:
         await self.shard.clear_cache(batch_id)
+
+    async def load_adapter(self, request: LoadAdapterRequest) -> None:
+        """Refuses a path that is not a directory, as the real shard refuses one it cannot read."""
+        self.adapter_calls.append(("load", request.adapter_index))
+        if not Path(request.path).is_dir():
+            raise AdapterError(f"LoRA adapter {request.name!r}: {request.path} is not a directory")
+
+    async def unload_adapter(self, adapter_index: int) -> None:
+        self.adapter_calls.append(("unload", adapter_index))
 
     async def close(self) -> None:
         self.closed = True

@@ -76,15 +76,50 @@ class Family:
     defaults: tuple[tuple[str, Any], ...] = ()
 
 
-# Ties differ between families on purpose, so tests cover both a separate and a tied LM head.
+# Ties differ between families on purpose, so tests cover both a separate and a tied LM head. The defaults make
+# each family's differences show in a short test: soft-caps that bind, scales unlike head_dim ** -0.5, layers
+# without positions and global layers within a few layers; sliding windows are set per test (sliding_window=).
 FAMILIES: dict[str, Family] = {
     "llama": Family("llama", "LlamaConfig", tie_word_embeddings=False),
     "mistral": Family("mistral", "MistralConfig", tie_word_embeddings=False, defaults=(("sliding_window", None),)),
     "qwen2": Family("qwen2", "Qwen2Config", tie_word_embeddings=True, defaults=(("use_sliding_window", False),)),
     "qwen3": Family("qwen3", "Qwen3Config", tie_word_embeddings=True, defaults=(("attention_bias", False),)),
+    "gemma2": Family("gemma2", "Gemma2Config", tie_word_embeddings=False, defaults=(
+        ("sliding_window", 4096), ("query_pre_attn_scalar", 24), ("attn_logit_softcapping", 2.0),
+        ("final_logit_softcapping", 4.0))),
+    "gemma3_text": Family("gemma3_text", "Gemma3TextConfig", tie_word_embeddings=False, defaults=(
+        ("sliding_window", 4096), ("sliding_window_pattern", 2), ("query_pre_attn_scalar", 24),
+        ("final_logit_softcapping", 4.0))),
+    "phi3": Family("phi3", "Phi3Config", tie_word_embeddings=False, defaults=(
+        ("partial_rotary_factor", 0.5), ("sliding_window", None), ("original_max_position_embeddings", 2048))),
+    "smollm3": Family("smollm3", "SmolLM3Config", tie_word_embeddings=True, defaults=(("no_rope_layer_interval", 2),)),
+    "olmo2": Family("olmo2", "Olmo2Config", tie_word_embeddings=False),
+    "granite": Family("granite", "GraniteConfig", tie_word_embeddings=False, defaults=(
+        ("embedding_multiplier", 3.0), ("residual_multiplier", 0.5), ("attention_multiplier", 0.1),
+        ("logits_scaling", 2.0))),
+    # Mixture of experts: enough experts that the rows of a short batch are routed to different ones.
+    "mixtral": Family("mixtral", "MixtralConfig", tie_word_embeddings=False, defaults=(
+        ("sliding_window", None), ("num_local_experts", 8), ("num_experts_per_tok", 2))),
+    "qwen3_moe": Family("qwen3_moe", "Qwen3MoeConfig", tie_word_embeddings=True, defaults=(
+        ("num_experts", 16), ("num_experts_per_tok", 4), ("moe_intermediate_size", 32), ("norm_topk_prob", True),
+        ("use_sliding_window", False), ("attention_bias", False))),
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
+
+
+def window_options(family: str, window: int) -> dict[str, Any]:
+    """write_tiny_model options that turn on `family`'s sliding windows of `window` positions, as its config
+    does: every layer (Mistral, Mixtral, Phi-3, Qwen3-MoE), alternate layers (Gemma 2, Gemma 3 with
+    sliding_window_pattern 2), the layers from max_window_layers on (Qwen), the layers without positions (SmolLM3);
+    {} for a family without."""
+    if family in ("mistral", "mixtral", "phi3", "gemma2", "gemma3_text"):
+        return {"sliding_window": window}
+    if family in ("qwen2", "qwen3"):
+        return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 1}
+    if family in ("smollm3", "qwen3_moe"):
+        return {"use_sliding_window": True, "sliding_window": window}
+    return {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -185,7 +220,7 @@ def write_tiny_model(
 ) -> Path:
     """Write a tiny random-weight model of `family` into `path` (created) and return `path`.
 
-    tie_word_embeddings=None takes the family default (llama/mistral untied, qwen2/qwen3 tied).
+    tie_word_embeddings=None takes the family default (FAMILIES).
     init_std: std of the normal init of every matrix; 0.2 on hidden size 64 gives logits with a std
     of ~1.5, far from uniform, so greedy decoding varies from token to token.
     config_overrides go straight into the transformers config (e.g. rope_theta=1e6).
@@ -230,7 +265,7 @@ def write_tiny_model(
 
     # The family joins the seed so llama and mistral (the same architecture here) get different
     # weights: a test that loads the wrong family's weights must not pass by accident.
-    weight_seed = seed * len(FAMILIES) + list(FAMILIES).index(family)
+    weight_seed = seed * 100 + list(FAMILIES).index(family)
     torch.manual_seed(weight_seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _perturb(model, weight_seed)

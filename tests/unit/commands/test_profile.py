@@ -17,7 +17,8 @@ from rich.console import Console
 from tgictl.commands.profile import profile_report, read_model_files, render_report
 from tgictl.errors import ModelNotFoundError
 from tgictl.runtime.host import CpuHost
-from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_shape
 from tgictl.runtime.profile.hardware import GpuDevice, Hardware, discover_gpus
 
 REPO = Path(__file__).resolve().parents[3]
@@ -84,6 +85,7 @@ def test_report_for_two_described_gpus(model_dir: Path) -> None:
         "kv_heads_per_shard": 1,
         "kv_bytes_per_token_per_shard": 128,  # 2 · 2 layers · 1 kv head · 16 · 2 bytes
         "kv_bytes_per_block_per_shard": 2048,
+        "windowed_kv_bytes_per_token_per_shard": 128,  # no sliding windows
         "activation_bytes_per_token_per_shard": 640,  # (2·64 + 3·64) · 2
         "device_flops": 242e12,  # 2 × 121 TFLOP/s
         "max_batch_prefill_tokens": 256,  # 242e12 / 163840 ≫ max_position_embeddings 256
@@ -159,7 +161,7 @@ def test_cli_quantize_sizes_the_quantized_weights(model_dir: Path, tmp_path_fact
     assert figures["kv_blocks"] == 128  # the KV budget is given: the same blocks as unquantized
     for args, message in [
         (("--quantize-group-size", "32"), "Error: --quantize-group-size needs --quantize int4"),
-        (("--quantize", "int3"), "Error: quantize must be one of int8, int4, got 'int3'"),
+        (("--quantize", "int3"), "Error: --quantize must be one of int8, int4, got 'int3'"),
     ]:
         result = run_tgictl("profile", "--model-id", str(model_dir), *args)
         assert result.returncode != 0
@@ -196,7 +198,7 @@ def test_cli_table_then_exit_code_for_a_setup_that_would_not_start(model_dir: Pa
         assert "No GPU" in result.stdout and "sizing for the CPU" in result.stdout
     error_lines = result.stderr.strip().splitlines()
     assert len(error_lines) == 1
-    assert "Not enough memory to handle `max_total_tokens=150`: the KV cache holds 128 tokens" in error_lines[0]
+    assert "Not enough memory to handle --max-total-tokens 150: the KV cache holds 128 tokens" in error_lines[0]
 
 
 def test_cli_errors_are_one_line(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -68,23 +68,30 @@ def test_every_flag_reaches_its_field() -> None:
         "--graceful-termination-timeout", "3.5",
         "--max-concurrent-requests", "7", "--max-input-tokens", "100", "--max-total-tokens", "200",
         "--max-batch-prefill-tokens", "300", "--max-batch-total-tokens", "400", "--max-batch-size", "8",
-        "--decode-steps", "2", "--decode-call-ms", "12.5", "--no-prefix-caching", "--scheduling-policy", "priority", "--max-best-of", "3",
+        "--decode-steps", "2", "--decode-call-ms", "12.5", "--no-prefix-caching",
+        "--scheduling-policy", "priority", "--max-best-of", "3",
         "--max-stop-sequences", "6", "--max-top-n-tokens", "10", "--max-client-batch-size", "11",
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
-        "--payload-limit", "1000", "--validation-workers", "4", "--http-header-timeout", "5",
-        "--http-body-timeout", "30", "--max-connections", "500",
+        "--payload-limit", "1000", "--validation-workers", "4", "--http-header-timeout", "3",
+        "--http-body-timeout", "4.5", "--max-connections", "50",
         "--otlp-endpoint", "http://127.0.0.1:4317", "--otlp-service-name", "llm.router",
+        "--reasoning-parser", "qwen3", "--allow-lora-loading",
+        "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://*:5558",
+        "--kv-events-topic", "kv@pod@m",
     ]  # fmt: skip
     config = parse(args).config(master_shard_uds_path="/s-0", tokenizer_name="t", env=NO_ENV)
     assert config == RouterConfig(
         master_shard_uds_path="/s-0", tokenizer_name="t", served_model_name="tgi", hostname="0.0.0.0", port=9000,
         graceful_termination_timeout_s=3.5, max_concurrent_requests=7, max_input_tokens=100, max_total_tokens=200,
         max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, decode_steps=2,
-        decode_call_ms=12.5, prefix_caching=False, scheduling_policy=SchedulingPolicy.PRIORITY, max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10,
+        decode_call_ms=12.5, prefix_caching=False, scheduling_policy=SchedulingPolicy.PRIORITY,
+        max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10,
         max_client_batch_size=11,
         api_key="k", cors_allow_origin=("https://a.example", "https://b.example"), payload_limit=1000,
-        validation_workers=4, http_header_timeout_s=5.0, http_body_timeout_s=30.0, max_connections=500,
-        otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
+        validation_workers=4, otlp_endpoint="http://127.0.0.1:4317", otlp_service_name="llm.router",
+        http_header_timeout_s=3.0, http_body_timeout_s=4.5, max_connections=50,
+        reasoning_parser="qwen3", allow_lora_loading=True,
+        kv_events_endpoint="tcp://*:5557", kv_events_replay_endpoint="tcp://*:5558", kv_events_topic="kv@pod@m",
     )  # fmt: skip
     # Every field a flag sets differs from its default above, so none was silently dropped.
     defaults = RouterConfig(master_shard_uds_path="/s-0", tokenizer_name="t")

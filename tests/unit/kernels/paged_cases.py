@@ -78,8 +78,9 @@ def build_case(spec: CaseSpec, dtype: torch.dtype = torch.float32) -> PagedCase:
     )
 
 
-def naive_attention(case: PagedCase, softcap: float | None = None) -> Tensor:
-    """Dense causal attention over each sequence's full K/V, head by head, float32."""
+def naive_attention(case: PagedCase, softcap: float | None = None, window: int | None = None) -> Tensor:
+    """Dense causal attention over each sequence's full K/V, head by head, float32; with `window`, a query at
+    position p sees only the keys after p - window (a sliding window)."""
     spec = case.spec
     group = spec.heads // spec.kv_heads
     outs = []
@@ -89,6 +90,8 @@ def naive_attention(case: PagedCase, softcap: float | None = None) -> Tensor:
         q = case.query[start : start + new_len].float()
         out = torch.empty(new_len, spec.heads, spec.head_dim)
         causal = torch.ones(ctx, ctx).tril().bool()[cache_len:]  # rows = new tokens' positions
+        if window is not None:
+            causal &= torch.ones(ctx, ctx).triu(1 - window).bool()[cache_len:]  # key > position - window
         for h in range(spec.heads):
             s = q[:, h] @ k[:, h // group].float().T * case.scale
             if softcap is not None:

@@ -33,6 +33,7 @@ from tgictl.proto.messages import (
     Grammar,
     GrammarType,
     Info,
+    LoadAdapterRequest,
     PrefillRequest,
     Request,
     SamplingParams,
@@ -120,6 +121,7 @@ INFO = Info(
     world_size=2,
     requires_padding=True,
     speculate=2,
+    layer_windows=(4096, 0) * 16,  # Gemma 2's alternation: a window, then the whole context
 )
 
 C = convert
@@ -261,6 +263,9 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Callable[[Any], Any]]] = [
         C.service_discovery_response_from_pb,
     ),
     ("service discovery empty", (), C.service_discovery_response_to_pb, C.service_discovery_response_from_pb),
+    ("load adapter", LoadAdapterRequest("sql", "/adapters/sql", 3), C.load_adapter_request_to_pb,
+     C.load_adapter_request_from_pb),
+    ("unload adapter", 2, C.unload_adapter_request_to_pb, C.unload_adapter_request_from_pb),
 ]
 
 
@@ -276,6 +281,8 @@ def test_every_proto_message_has_a_tested_converter() -> None:
         "InfoRequest",
         "ServiceDiscoveryRequest",
         "ClearCacheResponse",
+        "LoadAdapterResponse",
+        "UnloadAdapterResponse",
     }
     tested = {type(to_pb(value)).__name__ for _, value, to_pb, _ in CASES}
     assert tested | empty == set(pb.DESCRIPTOR.message_types_by_name)

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "linear_desc.h"
 
 /* The kernels of the other csrc/ files this loop calls (one library, native.py builds them together). */
 void tgictl_rmsnorm_bf16(const uint16_t *x, const uint16_t *delta, uint16_t *sum_out, const uint16_t *weight,
@@ -42,40 +43,6 @@ int tgictl_paged_decode_bf16(const uint16_t *query, const uint16_t *key_cache, c
                              const int64_t *slots, const int64_t *context_lens, int64_t n, int64_t max_len,
                              int64_t heads, int64_t kv_heads, int64_t d, float scale, float softcap, uint16_t *out,
                              int threads);
-int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, const float *bias, void *y,
-                             int y_bf16, int64_t m, int64_t n, int64_t k, int threads);
-int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
-                        const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
-int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads);
-int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
-                           int64_t n, int64_t k, int threads);
-int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int64_t group,
-                             const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads);
-int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
-                           int64_t n, int64_t k, int threads);
-int tgictl_dpbf16_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
-                              int64_t n, int64_t k, int threads);
-void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, int scales_bf16, const float *bias,
-                         float *y, int64_t m, int64_t n, int64_t k, int threads);
-int tgictl_qlinear_int8_bf16(const uint16_t *x, const int8_t *q, const uint16_t *scales, const float *bias,
-                             uint16_t *y, int64_t m, int64_t n, int64_t k, int threads);
-
-/* Up to this many rows the matrix-vector kernels (kernels/linear.py's SMALL_LINEAR_MAX_ROWS for bf16); above,
- * the many-row kernels: AMX on bf16 rows, else VDPBF16PS, else FMA (AVX2 builds; kernels/linear.py tries them in
- * the same order), the bf16-tile kernel on int4 (whose input width is then k_pad), decoded strips on int8. */
-#define MATRIX_VECTOR_MAX_ROWS 4
-
-/* One projection as the C loop multiplies it (kernels/decode_layers.py builds these). */
-typedef struct {
-    const void *weight;       /* bf16 [n, k] rows, the int4 packed tiles, or int8 [n, k] rows */
-    const void *scales_zeros; /* int4: [k_pad / group, n_pad, 2] bf16; int8: [n] bf16; NULL for bf16 rows */
-    int64_t group;            /* int4 group size; 0 for bf16 rows, INT8_ROWS for int8 rows */
-    int64_t k_pad;            /* int4: the packed input width; 0 otherwise */
-} linear_desc;
-
-#define INT8_ROWS (-1)
 
 enum { QKV, O_PROJ, GATE_UP, DOWN, LINEARS_PER_LAYER };
 
@@ -87,42 +54,6 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
     const int64_t deepest = max_i64(max_i64(hidden, heads * d), inter);    /* and its inputs */
     const int64_t halves = m * (3 * hidden + (heads + 2 * kv_heads) * d + 2 * heads * d + 3 * inter);
     return 2 * halves + 4 * m * (widest + deepest) + 4 * 64;  /* bf16 buffers, then float32 x and y */
-}
-
-/* y [m, n] bf16 = x [m, k] bf16 times the projection; y32 (and x32 where the CPU lacks AVX512-BF16): float32
- * scratch for int4 tiles, whose kernels write float32 (the Python path, linear_methods/native.py's
- * int4_linear, takes the same kernel and converts the same way: y.to(bf16)). */
-static int linear(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n, int64_t k,
-                  float *x32, float *y32, int threads) {
-    if (w->group == INT8_ROWS) {
-        if (m > MATRIX_VECTOR_MAX_ROWS)
-            return tgictl_qlinear_int8_bf16(x, w->weight, w->scales_zeros, NULL, y, m, n, k, threads);
-        /* linear_methods/native.py's int8_linear: float32 rows in, float32 out, rounded to bf16 */
-        for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
-        tgictl_qlinear_int8(x32, w->weight, w->scales_zeros, 1, NULL, y32, m, n, k, threads);
-        for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
-        return 0;
-    }
-    if (m > MATRIX_VECTOR_MAX_ROWS) {
-        if (w->group == 0) { /* kernels/linear.py's order: each declines where its build or shape does not fit */
-            const uint16_t *weight = w->weight;
-            if (tgictl_amx_linear_bf16(x, weight, NULL, y, m, n, k, threads) == 0) return 0;
-            if (tgictl_dpbf16_linear_bf16(x, weight, NULL, y, m, n, k, threads) == 0) return 0;
-            return tgictl_fma_linear_bf16(x, weight, NULL, y, m, n, k, threads);
-        }
-        return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y, m, n,
-                                        w->k_pad, threads);
-    }
-    if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, NULL, y, 1, m, n, k, threads);
-    if (tgictl_qlinear_int4_rows_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y32, m, n, k,
-                                      w->k_pad, threads) != 0) {
-        for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
-        if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, NULL, y32, m, n, k,
-                                w->k_pad, threads) != 0)
-            return -1;
-    }
-    for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
-    return 0;
 }
 
 static inline void *aligned(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
@@ -153,19 +84,19 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
             residual = next;
             next = residual == hidden ? other : hidden;
         }
-        if (linear(&w[QKV], normed, qkv, m, qkv_width, H, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[QKV], normed, qkv, m, qkv_width, H, x32, y32, threads) != 0) return -2;
         if (tgictl_rotary_store_bf16(qkv, cos, sin, slots, q, key_cache, value_cache, m, heads, kv_heads, d,
                                      num_slots, threads) != 0)
             return -1; /* the slots are every layer's: only the first can refuse them */
         if (tgictl_paged_decode_bf16(q, key_cache, value_cache, attention_slots, context_lens, m, max_len, heads,
                                      kv_heads, d, scale, 0.0f, attention, threads) != 0)
             return -2;
-        if (linear(&w[O_PROJ], attention, attended, m, H, heads * d, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[O_PROJ], attention, attended, m, H, heads * d, x32, y32, threads) != 0) return -2;
         tgictl_rmsnorm_bf16(residual, attended, next, post_norm, normed, m, H, eps, threads);
         residual = next;
-        if (linear(&w[GATE_UP], normed, gate_up, m, 2 * inter, H, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[GATE_UP], normed, gate_up, m, 2 * inter, H, x32, y32, threads) != 0) return -2;
         tgictl_silu_mul_bf16(gate_up, activated, m, inter, threads);
-        if (linear(&w[DOWN], activated, delta, m, H, inter, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[DOWN], activated, delta, m, H, inter, x32, y32, threads) != 0) return -2;
     }
     if (final_norm != NULL) {
         uint16_t *next = residual == hidden ? other : hidden;

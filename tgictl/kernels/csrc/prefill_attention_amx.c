@@ -17,8 +17,8 @@
  * Layouts (prefill_attention_bf16.c's): query, out [new_len, heads, d] bf16; caches [num_slots, kv_heads, d]
  * bf16; slots [cache_len + new_len] int64. Query row r sits at position cache_len + r. Returns 0; -1 when
  * scratch memory is refused; -2 where this build or process has no AMX, the shape (head size, heads not a
- * multiple of kv_heads) is not served here or the context's layout would exceed MAX_LAYOUT_BYTES (the caller
- * takes the AVX512-BF16 kernel).
+ * multiple of kv_heads) is not served here, the call has a sliding window, or the context's layout would exceed
+ * MAX_LAYOUT_BYTES (the caller takes the AVX512-BF16 kernel).
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -181,7 +181,8 @@ static inline __attribute__((always_inline)) void query_task(
 
 int tgictl_prefill_attention_amx(PREFILL_ATTENTION_ARGS) {
 #if defined(HAVE_AMX)
-    if ((d != 64 && d != 128) || heads % kv_heads != 0 || !amx_ready()) return -2;
+    /* A sliding window goes to the AVX512-BF16 kernel: this one's per-call layout assumes every key is read. */
+    if ((d != 64 && d != 128) || heads % kv_heads != 0 || window > 0 || !amx_ready()) return -2;
     const int64_t keys = cache_len + new_len, steps = (keys + STEP - 1) / STEP;
     const int64_t key_groups = steps * (STEP / 16), value_groups = steps * (STEP / 32);
     const int64_t per_head = steps * STEP * d / 2; /* 32-bit words of one KV head's keys (the values' too) */

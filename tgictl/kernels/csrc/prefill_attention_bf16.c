@@ -9,9 +9,12 @@
  * pair broadcast, no sums across lanes, four row-heads at a time. The softmax runs online (flash attention: running maximum and sum in float32, the
  * value sums rescaled), p is rounded to bf16 (as SDPA's bf16 kernel does before its p @ V), and the values
  * of two keys are interleaved so VDPBF16PS adds p_t v_t + p_t+1 v_t+1 per lane. Blocks past a row's
- * position are skipped and the keys after it in its last block weigh nothing.
+ * position are skipped and the keys after it in its last block weigh nothing. With a sliding window a row
+ * sees only its last `window` keys: blocks before every row's window are skipped, and the keys before a row's
+ * window in a block it reaches weigh nothing (masked as the keys after its position are).
  *
- * Query row r sits at position cache_len + r and sees keys 0 .. cache_len + r. Layouts: query, out
+ * Query row r sits at position cache_len + r and sees keys 0 .. cache_len + r (from cache_len + r - window + 1
+ * on when window > 0). Layouts: query, out
  * [new_len, heads, d] bf16; caches [num_slots, kv_heads, d] bf16; slots [cache_len + new_len] int64, the
  * sequence's slot per position. Returns 0; -1 when scratch memory is refused; -2 when this build (no
  * AVX512-BF16) or shape (head size, heads not a multiple of kv_heads) is not served here.
@@ -57,15 +60,18 @@ static inline __attribute__((always_inline)) void load_keys_values(
     }
 }
 
-/* One row-head's step over the block: scores (given), softmax update of its state {m, l, acc [V][16]}, p v. */
-static inline __attribute__((always_inline)) void update_row(__m512 s[SUB], int visible, float scale, float *st,
-                                                             const __m512i *vi, const int V) {
+static inline int clamp16(int x) { return x < 0 ? 0 : (x > 16 ? 16 : x); }
+
+/* One row-head's step over the block: scores (given), softmax update of its state {m, l, acc [V][16]}, p v.
+ * Keys first .. visible - 1 of the block count (first > 0 only under a sliding window; first < visible). */
+static inline __attribute__((always_inline)) void update_row(__m512 s[SUB], int first, int visible, float scale,
+                                                             float *st, const __m512i *vi, const int V) {
     const int P = V / 2;
     __mmask16 valid[SUB];
     __m512 top_v = _mm512_set1_ps(-INFINITY);
     for (int u = 0; u < SUB; u++) {
-        const int lanes = visible - 16 * u < 0 ? 0 : (visible - 16 * u > 16 ? 16 : visible - 16 * u);
-        valid[u] = (__mmask16)((1u << lanes) - 1u);
+        const int upto = clamp16(visible - 16 * u), from = clamp16(first - 16 * u);
+        valid[u] = (__mmask16)(((1u << upto) - 1u) & ~((1u << from) - 1u));
         s[u] = _mm512_mul_ps(s[u], _mm512_set1_ps(scale));
         top_v = _mm512_mask_max_ps(top_v, valid[u], top_v, s[u]);
     }
@@ -88,7 +94,7 @@ static inline __attribute__((always_inline)) void update_row(__m512 s[SUB], int 
         acc[1][c] = _mm512_setzero_ps();
     }
     const int key_pairs = (visible + 1) / 2; /* the pair past an odd end has p = 0 for its second key */
-    for (int i0 = 0; i0 < key_pairs; i0 += 2)
+    for (int i0 = first / 4 * 2; i0 < key_pairs; i0 += 2) /* the pairs before `first` hold p = 0 only */
         for (int k = 0; k < 2; k++) { /* constant chain index: the sums stay in registers */
             const int i = i0 + k < key_pairs ? i0 + k : i0; /* past the end: pair i0 again with p = 0 */
             const __m512bh pp = (__m512bh)_mm512_set1_epi32(i0 + k < key_pairs ? (int)pb[i] : 0);
@@ -106,7 +112,7 @@ static inline __attribute__((always_inline)) void update_row(__m512 s[SUB], int 
 static inline __attribute__((always_inline)) void query_block(
     const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache, const int64_t *slots,
     int64_t cache_len, int64_t r0, int64_t r1, int64_t h, int64_t heads, int64_t kv_heads, float scale,
-    float *scratch, uint16_t *out, const int V) {
+    int64_t window, float *scratch, uint16_t *out, const int V) {
     const int P = V / 2, pairs = 8 * V; /* 512-bit vectors and 32-bit pairs per head row */
     const int64_t d = 16 * V, G = heads / kv_heads, row_stride = kv_heads * d, rows = (r1 - r0) * G;
     __m512i *vi = (__m512i *)scratch;                           /* [KEY_BLOCK / 2][P][lo, hi] */
@@ -118,13 +124,19 @@ static inline __attribute__((always_inline)) void query_block(
         memset(state + x * (2 + d) + 2, 0, sizeof(float) * (size_t)d);
     }
     const int64_t keys = cache_len + r1; /* the last row's position + 1 */
-    for (int64_t k0 = 0; k0 < keys; k0 += KEY_BLOCK) {
+    /* the first key the first row's window reaches (key 0 without a window) */
+    const int64_t start = window > 0 && cache_len + r0 - window + 1 > 0 ? cache_len + r0 - window + 1 : 0;
+    for (int64_t k0 = start / KEY_BLOCK * KEY_BLOCK; k0 < keys; k0 += KEY_BLOCK) {
         const int n = keys - k0 < KEY_BLOCK ? (int)(keys - k0) : KEY_BLOCK;
         load_keys_values(key_cache, value_cache, slots, k0, n, h, d, row_stride, kt, vi, V);
         /* row-heads x = (r - r0) G + g whose position reaches the block, ROW_TILE at a time */
         const int64_t first_row = k0 - cache_len > r0 ? k0 - cache_len : r0;
-        for (int64_t x = (first_row - r0) * G; x < rows; x += ROW_TILE) {
-            const int tile = rows - x < ROW_TILE ? (int)(rows - x) : ROW_TILE;
+        /* ... up to the last row whose window still reaches it (position - window + 1 < k0 + n) */
+        int64_t end_rows = rows;
+        if (window > 0 && k0 + n + window - 1 - cache_len < r1)
+            end_rows = (k0 + n + window - 1 - cache_len - r0) * G;
+        for (int64_t x = (first_row - r0) * G; x < end_rows; x += ROW_TILE) {
+            const int tile = end_rows - x < ROW_TILE ? (int)(end_rows - x) : ROW_TILE;
             __m512 s[ROW_TILE][SUB];
             const uint32_t *q[ROW_TILE];
             for (int t = 0; t < ROW_TILE; t++) {
@@ -141,7 +153,9 @@ static inline __attribute__((always_inline)) void query_block(
             for (int t = 0; t < tile; t++) {
                 const int64_t y = x + t, position = cache_len + r0 + y / G;
                 const int visible = position - k0 + 1 < n ? (int)(position - k0 + 1) : n;
-                if (visible > 0) update_row(s[t], visible, scale, state + y * (2 + d), vi, V);
+                const int64_t from = window > 0 ? position - window + 1 - k0 : 0;
+                const int first = from > 0 ? (int)from : 0;
+                if (visible > first) update_row(s[t], first, visible, scale, state + y * (2 + d), vi, V);
             }
         }
     }
@@ -176,10 +190,10 @@ int tgictl_prefill_attention_bf16(PREFILL_ATTENTION_ARGS) {
             const int64_t r0 = b * QUERY_BLOCK, r1 = r0 + QUERY_BLOCK < new_len ? r0 + QUERY_BLOCK : new_len;
             if (d == 64)
                 query_block(query, key_cache, value_cache, slots, cache_len, r0, r1, h, heads, kv_heads, scale,
-                            scratch, out, 4);
+                            window, scratch, out, 4);
             else
                 query_block(query, key_cache, value_cache, slots, cache_len, r0, r1, h, heads, kv_heads, scale,
-                            scratch, out, 8);
+                            window, scratch, out, 8);
         }
         free(scratch);
     }

@@ -31,16 +31,19 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """What to run. `rank` is None for the router."""
+    """What to run. `rank` is None for the router and the gateway; `replica` is set under --replicas."""
 
-    role: str  # "shard" or "router"
+    role: str  # "shard", "router" or "gateway"
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(repr=False)  # may hold secrets (TGICTL_API_KEY, HF_TOKEN)
     rank: int | None = None
+    replica: int | None = None
+    cpus: tuple[int, ...] = ()  # pinned to these cores from its first instruction (empty: inherited)
 
     @property
     def label(self) -> str:
-        return self.role if self.rank is None else f"{self.role} {self.rank}"
+        own = self.role if self.rank is None else f"{self.role} {self.rank}"
+        return own if self.replica is None else f"replica {self.replica} {own}"
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,12 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function asking Linux to SIGTERM the child when the launcher dies; None elsewhere.
+def _die_with_parent(cpus: tuple[int, ...] = ()) -> Callable[[], None] | None:
+    """A preexec function asking Linux to SIGTERM the child when the launcher dies (and pinning it to
+    `cpus`, so every thread it ever starts inherits them); None elsewhere.
 
-    libc is loaded here, before fork, so the function run in the child only makes one C call (no
-    import, no allocation that could wait on a lock another thread held at fork time).
+    libc is loaded here, before fork, so the function run in the child only makes C calls (no import,
+    no allocation that could wait on a lock another thread held at fork time).
     """
     if not sys.platform.startswith("linux"):
         return None
@@ -91,9 +95,12 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+    pinned = frozenset(cpus)
 
     def preexec() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if pinned:
+            os.sched_setaffinity(0, pinned)
 
     return preexec
 
@@ -129,11 +136,11 @@ class ChildProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: we decide when it gets a signal
-            preexec_fn=_die_with_parent(),
+            preexec_fn=_die_with_parent(spec.cpus),
         )
         child = cls(spec, proc, tail_lines)
         log.info("started %s: pid %d", spec.label, proc.pid, extra={"role": spec.role, "rank": spec.rank,
-                                                                    "child_pid": proc.pid})
+                                                                    "replica": spec.replica, "child_pid": proc.pid})
         return child
 
     @property
@@ -182,7 +189,8 @@ class ChildProcess:
         return "it logged nothing"
 
     def _relay(self, stream: IO[bytes], fallback_level: int) -> None:
-        extra = {"role": self.spec.role, "rank": self.spec.rank, "child_pid": self.proc.pid}
+        extra = {"role": self.spec.role, "rank": self.spec.rank, "replica": self.spec.replica,
+                 "child_pid": self.proc.pid}
         for raw in iter(stream.readline, b""):
             line = parse_line(raw.decode("utf-8", errors="replace"), fallback_level)
             if not line.message.strip():

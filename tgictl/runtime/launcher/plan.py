@@ -62,6 +62,11 @@ ROUTER_FLAGS: dict[str, str] = {
     "validation_workers": "--validation-workers",
     "otlp_endpoint": "--otlp-endpoint",
     "otlp_service_name": "--otlp-service-name",
+    "reasoning_parser": "--reasoning-parser",
+    "allow_lora_loading": "--allow-lora-loading",
+    "kv_events_endpoint": "--kv-events-endpoint",
+    "kv_events_replay_endpoint": "--kv-events-replay-endpoint",
+    "kv_events_topic": "--kv-events-topic",
 }
 # RouterConfig fields passed in the router's environment, never on its command line: `ps` shows
 # every process's arguments to every local user (its environment only to its owner).
@@ -156,7 +161,7 @@ def speculation_argv(config: SpeculationConfig) -> list[str]:
     ]
 
 
-def _probe_host(hostname: str) -> str:
+def probe_host(hostname: str) -> str:
     """Where a local client reaches a server bound to `hostname` (a wildcard address is not one)."""
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(hostname, hostname)
 
@@ -210,7 +215,7 @@ def build_plan(
         router=ChildSpec(
             role="router", argv=(*tgictl, "router", *router_argv(router)), env={**common, **router_secrets_env(router)}
         ),
-        router_address=(_probe_host(router.hostname), router.port),
+        router_address=(probe_host(router.hostname), router.port),
         graceful_termination_timeout_s=router.graceful_termination_timeout_s,
         shard_stop_timeout_s=config.shard_stop_timeout_s,
         crash_stop_timeout_s=config.crash_stop_timeout_s,

@@ -32,30 +32,31 @@ from tgictl.env import Env
 from tgictl.errors import ChildFailedError, ConfigError
 from tgictl.runtime.host import usable_cores
 from tgictl.runtime.launcher.child import ChildProcess, describe_exit
+from tgictl.runtime.launcher.fleet_plan import require_gateway
 from tgictl.runtime.launcher.plan import LaunchPlan, build_plan, free_port
 from tgictl.runtime.model_files.resolve import load_model_config, resolve_model
 from tgictl.runtime.model_files.resolve_adapter import resolve_adapters
-from tgictl.runtime.profile.budgets import kv_heads_per_shard, model_shape
+from tgictl.runtime.profile.model_shape import kv_heads_per_shard, model_shape
 from tgictl.runtime.shard.uds import check_socket_path, prepare_socket_dir
 
 log = logging.getLogger("tgictl.launcher")
 
-_POLL_S = 0.1  # TGI's supervision period
+POLL_S = 0.1  # TGI's supervision period
 # After a second signal: how long a child still gets (the router ends its streams with an error event).
 HURRY_S = 3.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass
-class _SignalState:
+class SignalState:
     count: int = 0
     last: int | None = None
 
 
 @contextmanager
-def _catch_signals() -> Iterator[_SignalState]:
+def catch_signals() -> Iterator[SignalState]:
     """Turn termination signals into a counter the supervision loop reads (main thread only)."""
-    state = _SignalState()
+    state = SignalState()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         state.count += 1
@@ -103,14 +104,14 @@ class Launcher:
         self.plan = plan
         self.shards: list[ChildProcess] = []
         self.router: ChildProcess | None = None
-        self._signals = _SignalState()
+        self._signals = SignalState()
 
     @property
     def children(self) -> list[ChildProcess]:
         return [*self.shards, *([self.router] if self.router is not None else [])]
 
     def run(self) -> None:
-        with _catch_signals() as self._signals:
+        with catch_signals() as self._signals:
             crashed = True
             try:
                 for path in self.plan.socket_paths:
@@ -152,7 +153,7 @@ class Launcher:
                 )
                 next_progress = now + self.plan.progress_interval_s
             if pending:
-                time.sleep(_POLL_S)
+                time.sleep(POLL_S)
         return True
 
     def _start_router(self) -> bool:
@@ -169,10 +170,10 @@ class Launcher:
         announced = False
         while not self._signals.count:
             self._raise_if_any_exited()
-            if not announced and _port_open(host, port):
+            if not announced and port_open(host, port):
                 log.info("ready: http://%s:%d", host if ":" not in host else f"[{host}]", port)
                 announced = True
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         name = signal.Signals(self._signals.last).name if self._signals.last else "signal"
         if announced:
             log.info("%s received: draining the router (up to %.0f s; another signal ends the requests at "
@@ -207,42 +208,7 @@ class Launcher:
         self._stop(self.children, self.plan.crash_stop_timeout_s)
 
     def _stop(self, children: Sequence[ChildProcess], timeout_s: float) -> None:
-        """SIGTERM, wait up to `timeout_s`, then SIGKILL; reap all. Another signal while waiting is
-        passed on (a second SIGTERM: the router then ends its requests with an error event at once)
-        and leaves them HURRY_S before the kill."""
-        signals_before = self._signals.count
-        running = [child for child in children if child.poll() is None]
-        for child in running:
-            child.signal_group(signal.SIGTERM)
-        start = time.monotonic()
-        deadline = start + timeout_s
-        hurried = False
-        while any(child.poll() is None for child in running):
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if self._signals.count > signals_before and not hurried:
-                hurried = True
-                deadline = min(deadline, now + HURRY_S)
-                for child in running:
-                    if child.poll() is None:
-                        log.info("another signal: %s (pid %d) gets %.0f s to end what it runs, then is killed",
-                                 child.label, child.pid, HURRY_S)
-                        child.signal_group(signal.SIGTERM)
-            time.sleep(_POLL_S / 2)
-        for child in children:
-            # Also the already-exited ones: their group may still hold a process they started.
-            child.signal_group(signal.SIGKILL)
-            code = child.wait(30.0)
-            child.join_relay()
-            if child in running:
-                if code is not None and code < 0 and -code == signal.SIGKILL:
-                    why = "after another signal" if hurried else f"within its {timeout_s:.0f} s"
-                    log.warning("%s (pid %d) did not stop %s: killed after %.1f s", child.label, child.pid,
-                                why, time.monotonic() - start)
-                else:
-                    outcome = describe_exit(code) if code is not None else "did not exit"
-                    log.info("%s (pid %d) stopped: %s", child.label, child.pid, outcome)
+        stop_children(children, timeout_s, self._signals)
 
     def _remove_sockets(self) -> None:
         """A shard killed mid-shutdown leaves its socket (and maybe its temporary bind name) behind."""
@@ -252,7 +218,46 @@ class Launcher:
                 path.with_name(f"{path.name}.{self.shards[rank].pid}.tmp").unlink(missing_ok=True)
 
 
-def _port_open(host: str, port: int) -> bool:
+def stop_children(children: Sequence[ChildProcess], timeout_s: float, signals: SignalState) -> None:
+    """SIGTERM, wait up to `timeout_s`, then SIGKILL; reap all. Another signal while waiting is
+    passed on (a second SIGTERM: the router then ends its requests with an error event at once)
+    and leaves them HURRY_S before the kill."""
+    signals_before = signals.count
+    running = [child for child in children if child.poll() is None]
+    for child in running:
+        child.signal_group(signal.SIGTERM)
+    start = time.monotonic()
+    deadline = start + timeout_s
+    hurried = False
+    while any(child.poll() is None for child in running):
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        if signals.count > signals_before and not hurried:
+            hurried = True
+            deadline = min(deadline, now + HURRY_S)
+            for child in running:
+                if child.poll() is None:
+                    log.info("another signal: %s (pid %d) gets %.0f s to end what it runs, then is killed",
+                             child.label, child.pid, HURRY_S)
+                    child.signal_group(signal.SIGTERM)
+        time.sleep(POLL_S / 2)
+    for child in children:
+        # Also the already-exited ones: their group may still hold a process they started.
+        child.signal_group(signal.SIGKILL)
+        code = child.wait(30.0)
+        child.join_relay()
+        if child in running:
+            if code is not None and code < 0 and -code == signal.SIGKILL:
+                why = "after another signal" if hurried else f"within its {timeout_s:.0f} s"
+                log.warning("%s (pid %d) did not stop %s: killed after %.1f s", child.label, child.pid,
+                            why, time.monotonic() - start)
+            else:
+                outcome = describe_exit(code) if code is not None else "did not exit"
+                log.info("%s (pid %d) stopped: %s", child.label, child.pid, outcome)
+
+
+def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
             return True
@@ -266,6 +271,8 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
     `child_env` is the environment the children start from (the launcher's own, normally).
     """
     check_port_free(config.router.hostname, config.router.port)
+    if config.replicas > 1:
+        require_gateway(config.replicas)
     hub = HubConfig.from_env(env)
     model_dir = resolve_model(config.model_id, config.revision, hub=hub)
     log.info("model %s: %s", config.model_id, model_dir)
@@ -282,6 +289,11 @@ def launch(config: LaunchConfig, log_config: LogConfig, env: Env, child_env: Map
         uds_base = config.shard_uds_path
         prepare_socket_dir(uds_base.parent)
     try:
+        if config.replicas > 1:
+            from tgictl.runtime.launcher.fleet import launch_fleet
+
+            launch_fleet(config, model_dir, uds_base, log_config, child_env)
+            return
         master_port = config.master_port if config.master_port is not None else free_port()
         plan = build_plan(config, model_dir, uds_base, log_config, child_env, master_port, usable_cores())
         log.info("starting %d shard(s) on %s-{rank}, rendezvous %s:%d",

@@ -13,12 +13,14 @@ from tgictl.errors import ConversionError
 from tgictl.log import get_logger
 from tgictl.progress import phase
 from tgictl.runtime.model_files.convert import check_writable, staging_dir
+from tgictl.runtime.gguf_reader import read_gguf
 from tgictl.runtime.model_files.gguf_metadata import (
     check_architecture,
     fix_model_config,
     supported_architectures,
     write_tokenizer,
 )
+from tgictl.runtime.model_files.gguf_moe import moe_fields
 
 log = get_logger(__name__)
 
@@ -38,6 +40,10 @@ def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force
         raise ConversionError(f"No such file: {gguf_path}")
     check_writable(output, force=force)  # before the slow part: refuse at once
     architecture = check_architecture(gguf_path, supported_architectures())
+    experts = moe_fields(read_gguf(gguf_path))
+    if experts:  # transformers' GGUF loader drops Mixtral's experts and misreads Qwen3-MoE's width
+        raise ConversionError(f"{gguf_path.name} is a mixture of experts ({experts['model_type']}); transformers "
+                              "cannot dequantize it whole: serve the file itself (--model-id FILE.gguf, docs/moe.md)")
 
     # debug: the callers say why they convert (hub.py logs its one line for the default model).
     log.debug("converting %s (%s) to %s in %s", gguf_path.name, architecture, output, dtype)
@@ -60,5 +66,5 @@ def convert_gguf(gguf_path: Path, output: Path, *, dtype: str = "float32", force
         with phase(f"writing safetensors and the tokenizer to {output}", logger=log):
             model.save_pretrained(staging, safe_serialization=True)
             write_tokenizer(gguf_path, staging, max_length=getattr(model.config, "max_position_embeddings", None))
-        fix_model_config(staging / "config.json")
+        fix_model_config(staging / "config.json", gguf_path)
     return output

@@ -2,10 +2,10 @@
 reads: config.json, generation_config.json, tokenizer.json and tokenizer_config.json (with the chat
 template). Both the conversion (convert_gguf.py) and native serving (gguf_model.py) write them this way.
 
-transformers reads GGUF metadata (config, tokenizer) without dequantizing any tensor; we only repair
-what its save path gets wrong for us: the leftover gguf quantization_config, the free-text model name
-stored as a path, and the chat template, which transformers 5 writes to chat_template.jinja while
-every consumer we care about reads tokenizer_config.json.
+transformers reads GGUF metadata (config, tokenizer) without dequantizing any tensor; we repair what its
+save path gets wrong for us: the leftover gguf quantization_config, the free-text model name stored as a
+path, the chat template, which transformers 5 writes to chat_template.jinja while every consumer we care
+about reads tokenizer_config.json, and the settings its config reader drops (gguf_config.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 
 from tgictl.errors import ConversionError
 from tgictl.runtime.gguf_reader import GGUFFormatError, read_gguf
+from tgictl.runtime.model_files.gguf_config import reconcile_config
+from tgictl.runtime.model_files.gguf_moe import moe_fields
 
 # tokenizer_config.json keys that describe where the tokenizer was loaded from, not the tokenizer.
 _LOAD_TIME_KEYS = ("is_local", "local_files_only", "gguf_file", "name_or_path")
@@ -33,10 +35,12 @@ def gguf_architecture(path: Path) -> str:
 
 
 def supported_architectures() -> list[str]:
-    """The GGUF architectures transformers can read."""
+    """The GGUF architectures transformers can read, as files name them (transformers lists llama.cpp's `qwen3moe`
+    under its own model type, `qwen3_moe`)."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+    file_names = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+    return sorted(file_names.get(a, a) for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
 
 
 def check_architecture(gguf_path: Path, known: list[str]) -> str:
@@ -58,7 +62,7 @@ def write_model_config(gguf_path: Path, directory: Path) -> Any:
         raise ConversionError(f"{gguf_path.name}: transformers could not read its config: {err}") from err
     config.save_pretrained(directory)
     GenerationConfig.from_model_config(config).save_pretrained(directory)
-    fix_model_config(directory / "config.json")
+    fix_model_config(directory / "config.json", gguf_path)
     return config
 
 
@@ -71,11 +75,17 @@ def write_tokenizer(gguf_path: Path, directory: Path, *, max_length: int | None)
     fix_tokenizer_config(directory, tokenizer, max_length=max_length)
 
 
-def fix_model_config(path: Path) -> None:
+def fix_model_config(path: Path, gguf_path: Path) -> None:
     config: dict[str, Any] = json.loads(path.read_text())
     config.pop("quantization_config", None)
     # transformers stores the GGUF's free-text model name here; it is no path and misleads readers.
     config.pop("_model_name_or_path", None)
+    try:
+        header = read_gguf(gguf_path)
+    except GGUFFormatError as err:
+        raise ConversionError(f"{gguf_path} is not a GGUF checkpoint ({err})") from None
+    config = reconcile_config(config, header)  # what transformers' reader drops (gguf_config.py)
+    config.update(moe_fields(header))  # and the experts' settings (gguf_moe.py)
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

@@ -17,15 +17,27 @@ from tgictl.errors import ConfigError, ConversionError
 from tgictl.log import get_logger
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.model_files.convert import staging_dir
-from tgictl.runtime.model_files.gguf_metadata import check_architecture, write_model_config, write_tokenizer
+from tgictl.runtime.model_files.gguf_metadata import (
+    check_architecture,
+    supported_architectures,
+    write_model_config,
+    write_tokenizer,
+)
+from tgictl.runtime.shard.families import FAMILIES
 
 log = get_logger(__name__)
 
-# GGUF architectures of the model families the shard implements (runtime/shard/models/registry.py);
-# llama.cpp writes Mistral models as "llama".
-SERVED_ARCHITECTURES: list[str] = ["llama", "qwen2", "qwen3"]
 GGUF_LINK = "model.gguf"
 _WRITTEN = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def served_architectures() -> list[str]:
+    """The GGUF architectures of the families the shard implements (runtime/shard/families.py; llama.cpp writes
+    Mistral models as "llama") whose config transformers can read from the file's metadata. llama.cpp also writes
+    olmo2, granite and smollm3; transformers reads neither their config nor their tokenizer from a GGUF file, so
+    those are served from their safetensors checkpoints."""
+    wanted = {family.gguf_architecture for family in FAMILIES.values()}
+    return sorted(wanted.intersection(supported_architectures()))
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -64,7 +76,7 @@ def gguf_model_dir(gguf_path: Path, cache_dir: Path) -> Path:
     target = cache_dir / "models" / "gguf" / f"{source.stem}-{_key(source)}"
     if _complete(target, source):
         return target
-    architecture = check_architecture(source, SERVED_ARCHITECTURES)
+    architecture = check_architecture(source, served_architectures())
     log.info("reading the config and tokenizer of %s (%s) into %s, once", source.name, architecture, target)
     try:
         with staging_dir(target, force=True) as staging:

@@ -1,6 +1,6 @@
 """Serving budgets from a model's config.json and the discovered hardware, without loading weights.
 
-Pure arithmetic: `model_shape(config)` reads the dimensions, `compute_budgets(shape, hardware, settings)`
+Pure arithmetic: `model_shape(config)` (model_shape.py) reads the dimensions, `compute_budgets(shape, hardware, settings)`
 derives every figure TGI's launcher and warmup derive (reference §4.3 and §7.3). Each figure carries a
 `source` string saying which rule or input produced it, so `tgictl profile` can show its reasoning.
 The real warmup probe on the shard replaces the memory estimates with measurements.
@@ -14,8 +14,16 @@ from typing import Any, Mapping
 from tgictl.errors import ConfigError
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
-from tgictl.runtime.tensor_parallel import HeadSplit, head_splits
+from tgictl.runtime.profile.family_shape import windowed_kv
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
+from tgictl.runtime.profile.model_shape import (
+    ModelShape,
+    activation_bytes_per_token,
+    attention_split,
+    kv_heads_per_shard,
+    model_flops_per_token,
+    weight_bytes_per_shard,
+)
 from tgictl.runtime.router.scheduling.limits import DEFAULT_MAX_BATCH_PREFILL_TOKENS
 
 MIN_COMPUTE_OPTIMAL_PREFILL = 100  # TGI uses the FLOPs rule only above this many tokens
@@ -29,73 +37,6 @@ CPU_KV_FRACTION = 0.25  # CPU hosts: at most this share of available RAM goes to
 CPU_KV_CAP_BYTES = 4 * GIB  # ... and never more than this, so a profile on a laptop stays sane
 # transformers stores "no limit" as int(1e30) in tokenizer_config.json; anything this large is unset.
 UNSET_MODEL_MAX_LENGTH = 10**12
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions budgets need, read from config.json (the text part of a VLM config)."""
-
-    model_type: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int  # per expert for MoE models
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int | None
-    num_experts: int  # 1 for dense models
-    experts_per_token: int  # 1 for dense models
-    shared_experts: int
-    attention_bias: bool  # q/k/v projections carry biases (qwen2)
-    is_vlm: bool
-
-
-def _int(config: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
-    for key in keys:
-        value = config.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"config.json field {key} must be a non-negative integer, got {value!r}")
-            return value
-    if default is None:
-        raise ConfigError(f"config.json lacks {' / '.join(keys)}")
-    return default
-
-
-def model_shape(config: Mapping[str, Any]) -> ModelShape:
-    """Read a transformers config dict. Missing essentials raise ConfigError naming the field."""
-    is_vlm = "vision_config" in config
-    text = config.get("text_config") or config
-    hidden = _int(text, "hidden_size", "n_embd", "d_model")
-    heads = _int(text, "num_attention_heads", "n_head")
-    if heads == 0:
-        raise ConfigError("config.json num_attention_heads must be positive")
-    head_dim = _int(text, "head_dim", default=hidden // heads)
-    kv_heads = _int(text, "num_key_value_heads", default=heads)
-    if kv_heads == 0:
-        raise ConfigError("config.json num_key_value_heads must be positive")
-    num_experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=1)
-    moe = num_experts > 1
-    inter_keys = ("moe_intermediate_size", "intermediate_size") if moe else ("intermediate_size",)
-    return ModelShape(
-        model_type=str(config.get("model_type", "")),
-        hidden_size=hidden,
-        num_layers=_int(text, "num_hidden_layers", "n_layer"),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=_int(text, *inter_keys, default=4 * hidden),
-        vocab_size=_int(text, "vocab_size"),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        max_position_embeddings=text.get("max_position_embeddings"),
-        num_experts=num_experts,
-        experts_per_token=_int(text, "num_experts_per_tok", default=1) if moe else 1,
-        shared_experts=_int(text, "n_shared_experts", default=0),
-        attention_bias=bool(text.get("attention_bias", False)) or config.get("model_type") == "qwen2",
-        is_vlm=is_vlm,
-    )
 
 
 @dataclass(frozen=True)
@@ -116,26 +57,26 @@ class BudgetSettings:
 
     def __post_init__(self) -> None:
         if self.num_shard < 1:
-            raise ConfigError(f"num_shard must be at least 1, got {self.num_shard}")
+            raise ConfigError(f"--num-shard must be >= 1, got {self.num_shard}")
         if self.block_size < 1:
-            raise ConfigError(f"block_size must be at least 1, got {self.block_size}")
+            raise ConfigError(f"--block-size must be >= 1, got {self.block_size}")
         if self.dtype is not None and self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         for name in ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 0:
-            raise ConfigError(f"kv_cache_memory_bytes must be >= 0, got {self.kv_cache_memory_bytes}")
+            raise ConfigError(f"--kv-cache-memory must be >= 0 bytes, got {self.kv_cache_memory_bytes}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
-            raise ConfigError(f"cuda_memory_fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+            raise ConfigError(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
         if (
             self.max_input_tokens is not None
             and self.max_total_tokens is not None
             and self.max_input_tokens >= self.max_total_tokens
         ):
             raise ConfigError(
-                f"max_input_tokens ({self.max_input_tokens}) must be < max_total_tokens ({self.max_total_tokens})"
+                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens ({self.max_total_tokens})"
             )
 
 
@@ -155,6 +96,8 @@ class Budgets:
     kv_heads_per_shard: Figure  # of the shard holding the most (it sizes every shard's KV cache)
     kv_bytes_per_token_per_shard: Figure
     kv_bytes_per_block_per_shard: Figure
+    # per token at max_total_tokens if blocks every sliding-window layer has left behind were freed (not yet done)
+    windowed_kv_bytes_per_token_per_shard: Figure
     activation_bytes_per_token_per_shard: Figure
     device_flops: Figure
     max_batch_prefill_tokens: Figure
@@ -175,98 +118,6 @@ class Budgets:
             if key != "problems"
         }
         return figures | {"problems": list(self.problems)}
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def attention_split(shape: ModelShape, num_shard: int) -> tuple[HeadSplit, ...]:
-    """Each shard's heads by the shard's own rule (KV-head groups as evenly as possible); raises
-    UnsupportedModelError for a shard count the model cannot be split over."""
-    return head_splits(shape.num_heads, shape.num_kv_heads, num_shard)
-
-
-def kv_heads_per_shard(shape: ModelShape, num_shard: int) -> int:
-    """KV heads of the shard holding the most: every shard's cache gets as many blocks as the most
-    loaded one can hold (the router takes the smallest warmup figure)."""
-    return max(split.kv_count for split in attention_split(shape, num_shard))
-
-
-@dataclass(frozen=True)
-class ParameterCounts:
-    """One shard's parameters by what they are, which decides their bytes under --quantize."""
-
-    projections: tuple[tuple[int, int], ...]  # (input features, parameters) per kind of projection
-    vocab: int  # embedding rows, plus the LM head's when untied
-    other: int  # norms, biases, the MoE router
-
-    @property
-    def total(self) -> int:
-        return sum(count for _, count in self.projections) + self.vocab + self.other
-
-
-def parameter_counts(shape: ModelShape, num_shard: int) -> ParameterCounts:
-    """Parameters of the largest shard (rank 0, which the even splits give the larger parts; see
-    docs/architecture.md, "Decisions": Tensor parallelism): attention by KV-head groups, MLP by
-    columns, vocab-parallel embedding and LM head (padded up to a multiple of num_shard); norms and the
-    MoE router are replicated."""
-    h, n, layers = shape.hidden_size, num_shard, shape.num_layers
-    first = attention_split(shape, n)[0]
-    q_cols = first.q_count * shape.head_dim
-    kv_cols = first.kv_count * shape.head_dim
-    inter = _ceil_div(shape.intermediate_size, n)
-    experts = shape.num_experts + shape.shared_experts
-    projections = (
-        (h, layers * (h * (q_cols + 2 * kv_cols) + 2 * h * inter * experts)),  # q, k, v, gate, up: read hidden
-        (q_cols, layers * q_cols * h),  # o
-        (inter, layers * inter * h * experts),  # down
-    )
-    bias = q_cols + 2 * kv_cols if shape.attention_bias else 0
-    router = h * shape.num_experts if shape.num_experts > 1 else 0
-    vocab = _ceil_div(shape.vocab_size, n) * h
-    return ParameterCounts(
-        projections=projections,
-        vocab=vocab if shape.tie_word_embeddings else 2 * vocab,
-        other=layers * (bias + router + 2 * h) + h,  # two norms per layer, the final norm
-    )
-
-
-def parameters_per_shard(shape: ModelShape, num_shard: int) -> int:
-    return parameter_counts(shape, num_shard).total
-
-
-def weight_bytes_per_shard(
-    shape: ModelShape, num_shard: int, dtype_bytes: int, quantize: QuantizeSpec | None, gguf_tensor_bytes: int | None
-) -> tuple[int, str]:
-    """(bytes, source) of the largest shard's weights: dense in the serving dtype, --quantize's formats
-    (docs/architecture.md, "Weight formats"), or a GGUF file's own tensor bytes."""
-    counts = parameter_counts(shape, num_shard)
-    if gguf_tensor_bytes is not None:
-        share = counts.total / parameters_per_shard(shape, 1)
-        return int(gguf_tensor_bytes * share), "the GGUF file's tensor bytes × this shard's share of the parameters"
-    if quantize is None:
-        return counts.total * dtype_bytes, f"parameters per shard from config.json × {dtype_bytes} bytes"
-    size = sum(count * quantize.projection_bytes(features, dtype_bytes) for features, count in counts.projections)
-    size += counts.vocab * quantize.vocab_bytes(shape.hidden_size, dtype_bytes) + counts.other * dtype_bytes
-    return int(size), f"{quantize.label} projections, int8 embedding and LM head, the rest × {dtype_bytes} bytes"
-
-
-def model_flops_per_token(shape: ModelShape) -> int:
-    """TGI's launcher formula (§4.3): per layer 2·H·hd·(heads [q] + kv [k] + kv [v] + heads [attn] +
-    heads [o]) + 2·3·H·inter·(experts_per_token + shared_experts) for the gated MLP."""
-    h, hd = shape.hidden_size, shape.head_dim
-    attention = 2 * h * hd * (3 * shape.num_heads + 2 * shape.num_kv_heads)
-    mlp = 2 * 3 * h * shape.intermediate_size * (shape.experts_per_token + shape.shared_experts)
-    return shape.num_layers * (attention + mlp)
-
-
-def activation_bytes_per_token(shape: ModelShape, num_shard: int, dtype_bytes: int) -> int:
-    """Prefill activations alive at the MLP peak, per token and shard: the residual stream and its normed
-    copy (2·H) plus the gate/up output and the activated product (3·inter/N per routed expert). Logits
-    exist only for the last token of each request, so they are left out."""
-    inter = _ceil_div(shape.intermediate_size, num_shard) * (shape.experts_per_token + shape.shared_experts)
-    return (2 * shape.hidden_size + 3 * inter) * dtype_bytes
 
 
 # Helpers below return (value, source) pairs; compute_budgets wraps them into Figures.
@@ -392,12 +243,12 @@ def _problems(
     if ram_needed is not None and ram_needed > ram_available:
         problems.append(f"weights, KV cache and activations need {ram_needed} bytes; {ram_available} available")
     if max_input >= max_total:
-        problems.append(f"max_input_tokens ({max_input}) must be < max_total_tokens ({max_total})")
+        problems.append(f"--max-input-tokens ({max_input}) must be < --max-total-tokens ({max_total})")
     if prefill > batch_total:
-        problems.append(f"max_batch_prefill_tokens ({prefill}) must be <= max_batch_total_tokens ({batch_total})")
+        problems.append(f"--max-batch-prefill-tokens ({prefill}) must be <= --max-batch-total-tokens ({batch_total})")
     if max_total > batch_total:
         problems.append(
-            f"Not enough memory to handle `max_total_tokens={max_total}`: the KV cache holds {batch_total} tokens"
+            f"Not enough memory to handle --max-total-tokens {max_total}: the KV cache holds {batch_total} tokens"
         )
     return tuple(problems)
 
@@ -412,7 +263,7 @@ def compute_budgets(
     kv_heads = kv_heads_per_shard(shape, n)  # the model's own limit on num_shard comes first
     on_gpu = bool(hardware.gpus)
     if on_gpu and n > len(hardware.gpus):
-        raise ConfigError(f"num_shard={n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
+        raise ConfigError(f"--num-shard {n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
     dtype, dtype_source = _dtype(settings, hardware)
     dtype_bytes = DTYPE_BYTES[dtype]
     weights, weights_source = weight_bytes_per_shard(shape, n, dtype_bytes, settings.quantize, gguf_tensor_bytes)
@@ -458,7 +309,9 @@ def compute_budgets(
         target=target,
         dtype=Figure(dtype, dtype_source),
         weight_bytes_per_shard=Figure(weights, weights_source),
-        model_flops_per_token=Figure(flops, "TGI launcher formula"),
+        model_flops_per_token=Figure(flops, "TGI launcher formula" + (
+            f" (the {shape.experts_per_token} routed of {shape.num_experts} experts and the router)"
+            if shape.num_experts > 1 else "")),
         attention_heads_per_shard=Figure(
             tuple(split.q_count for split in attention_split(shape, n)),
             "query heads per shard: KV-head groups as evenly as possible, KV heads "
@@ -467,6 +320,7 @@ def compute_budgets(
         kv_heads_per_shard=Figure(kv_heads, "the most any shard holds (KV heads split by groups, or replicated)"),
         kv_bytes_per_token_per_shard=Figure(kv_token, "2 (K,V) × layers × kv_heads_per_shard × head_dim × dtype"),
         kv_bytes_per_block_per_shard=Figure(kv_block, f"block_size {settings.block_size} × KV bytes per token"),
+        windowed_kv_bytes_per_token_per_shard=Figure(*windowed_kv(shape.family.layer_windows, kv_token, max_total)),
         activation_bytes_per_token_per_shard=Figure(activations, "(2·hidden + 3·intermediate/N) × dtype"),
         device_flops=Figure(device_flops, device_flops_source),
         max_batch_prefill_tokens=Figure(prefill, prefill_source),

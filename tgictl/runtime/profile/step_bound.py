@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tgictl.runtime.profile.budgets import ModelShape, parameters_per_shard
+from tgictl.runtime.profile.model_shape import ModelShape, parameters_per_shard
 
 
 @dataclass(frozen=True)

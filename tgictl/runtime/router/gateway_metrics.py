@@ -34,7 +34,7 @@ class GatewaySources:
     kv_usage: Callable[[], float]  # a fraction 0..1
     block_size: int
     num_blocks: int
-    max_lora: int = 0  # adapters loaded
+    max_lora: Callable[[], int] = lambda: 0  # adapters loaded (they change with /v1/load_lora_adapter)
     running_adapters: Callable[[], Iterable[str | None]] = tuple  # each running request's (None: base)
     waiting_adapters: Callable[[], Iterable[str | None]] = tuple  # each queued request's
 
@@ -73,7 +73,7 @@ class _LoraRequestsInfo(Collector):
         self._since = time.time()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = (str(self._sources.max_lora), _names(self._sources.running_adapters()),
+        labels = (str(self._sources.max_lora()), _names(self._sources.running_adapters()),
                   _names(self._sources.waiting_adapters()))
         if labels != self._labels:
             self._labels, self._since = labels, time.time()

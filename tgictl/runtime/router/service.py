@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +26,13 @@ from tgictl.config import BASE_MODEL_ALIASES, RouterConfig, SchedulingPolicy
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
+from tgictl.runtime.router.adapters import AdapterClient, AdapterSlots, RuntimeAdapters
 from tgictl.runtime.router.gateway_metrics import GatewaySources, kv_usage_fraction, register_gateway_gauges
 from tgictl.runtime.router.guided.grammars import GrammarValidator
 from tgictl.runtime.router.health import HealthChecker
+from tgictl.runtime.router.kv.cache_events import KvEventLog
 from tgictl.runtime.router.kv.prefix_allocator import create_allocator
+from tgictl.runtime.router.kv_event_publisher import KvEventPublisher
 from tgictl.runtime.router.metered_client import MeteredClient
 from tgictl.runtime.router.metrics import RouterMetrics
 from tgictl.runtime.router.request import EndEvent, StreamEvent, ValidatedRequest
@@ -38,6 +41,7 @@ from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
 from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
 from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.runtime.router.text.reasoning import REASONING_FORMATS
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.traced_client import TracedClient
 from tgictl.runtime.router.validation import GenerationInput, ValidationLimits, Validator
@@ -46,7 +50,7 @@ from tgictl.tracing import add_finished_span, tracer
 log = logging.getLogger(__name__)
 
 
-class ServiceClient(ShardClient, Protocol):
+class ServiceClient(ShardClient, AdapterClient, Protocol):
     """Everything the router calls on the shards (ShardedClient implements it)."""
 
     async def info(self) -> Info: ...
@@ -121,13 +125,15 @@ class RouterService:
     ) -> None:
         self.config = config
         self.model_id = model_id
+        # --reasoning-parser: how chat answers split think text from the answer (None: they do not).
+        self.reasoning = REASONING_FORMATS[config.reasoning_parser] if config.reasoning_parser else None
         self.info = info
         self.limits = limits
         self.tokenizer = tokenizer
         self._client = client
         self.metrics = RouterMetrics(max_input_tokens=limits.max_input_tokens, max_total_tokens=limits.max_total_tokens)
         self.metrics.batch_max_total_tokens.set(limits.max_batch_total_tokens)
-        self.metrics.export_adapters(info.adapters)
+        self.metrics.export_adapters([name for name in info.adapters if name])
         self.validator = Validator(
             tokenizer,
             ValidationLimits(
@@ -146,7 +152,14 @@ class RouterService:
         )
         # The router owns the prefix cache; the shard only says whether it can compute from a cached prefix.
         self.prefix_caching = config.prefix_caching and info.use_prefix_caching
-        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching)
+        self.kv_events: KvEventPublisher | None = None
+        cache_events = None
+        if config.kv_events_endpoint is not None and self.prefix_caching:
+            self.kv_events = KvEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint,
+                                              config.kv_events_topic)
+            cache_events = KvEventLog(info.block_size, self.kv_events.publish)
+            cache_events.cleared()  # a (re)started replica holds nothing: consumers drop what they knew of it
+        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching, cache_events)
         self.queue = Queue(self.allocator, block_size=info.block_size, policy=config.scheduling_policy)
         step_client: ShardClient = MeteredClient(client, self.metrics)
         if config.otlp_endpoint is not None:
@@ -166,6 +179,12 @@ class RouterService:
             on_error=lambda err: self.health.mark_unhealthy(err),
         )
         self.health = HealthChecker(client, probe_token(tokenizer, info.vocab_size), self.batcher.forward_lock)
+        # LoRA adapters by slot, as loaded at start-up and later (adapters.py; served only with --allow-lora-loading).
+        self.adapters = RuntimeAdapters(
+            AdapterSlots(info.adapters), client, self.batcher.forward_lock, (model_id, *BASE_MODEL_ALIASES),
+            in_use=lambda: [e.request.adapter_index for e in (*self.queue.entries(), *self.batcher.entries())],
+            on_change=self._adapters_changed, forget=self.allocator.forget,
+        )
         self._permits = Permits(config.max_concurrent_requests)
         self._channels: set[EventChannel] = set()  # open ones: what a shutdown must end
         allocator = self.allocator
@@ -183,7 +202,7 @@ class RouterService:
             kv_usage=lambda: kv_usage_fraction(allocator.used_blocks, allocator.total_blocks),
             block_size=info.block_size,
             num_blocks=allocator.total_blocks,
-            max_lora=len(info.adapters),
+            max_lora=lambda: len(self.adapters.slots.loaded),
             running_adapters=lambda: (entry.request.adapter for entry in self.batcher.entries()),
             waiting_adapters=lambda: (entry.request.adapter for entry in self.queue.entries()),
         ))
@@ -216,6 +235,10 @@ class RouterService:
         service = cls(config, model_id, info, limits, tokenizer, client, grammars)
         service._batcher_task = asyncio.create_task(service.batcher.run(), name="batcher")
         return service
+
+    def _adapters_changed(self, slots: AdapterSlots) -> None:
+        self.validator.limits = dataclasses.replace(self.validator.limits, adapters=slots.names)
+        self.metrics.export_adapters(slots.loaded)
 
     @property
     def in_flight(self) -> int:
@@ -253,21 +276,31 @@ class RouterService:
         self.metrics.max_new_tokens.observe(validated.total_new_tokens)
         return validated
 
-    async def render_chat(self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None) -> str:
+    async def render_chat(
+        self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None,
+        template_kwargs: Mapping[str, object] | None = None,
+    ) -> str:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self.tokenizer.apply_chat_template, messages, tools)
+            return await loop.run_in_executor(
+                self._executor, self.tokenizer.apply_chat_template, messages, tools, template_kwargs)
         except TemplateError:
             self.metrics.request_failure.labels(err="template").inc()
             raise
 
-    async def tokenize(self, text: str) -> list[tuple[int, int, int]]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[tuple[int, int, int]]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.tokenizer.encode_with_offsets, text)
+        return await loop.run_in_executor(self._executor, self.tokenizer.encode_with_offsets, text, add_special_tokens)
 
     def open(self, admissions: Sequence[Admission], requests: Sequence[ValidatedRequest]) -> EventChannel:
         """Queue the generations; their events arrive in the returned channel, which the caller
         closes when it stops reading (closing early cancels what still runs)."""
+        stale = [r.adapter for r in requests if not self.adapters.slots.holds(r.adapter_index, r.adapter)]
+        if stale:  # its adapter was unloaded while it was validated: it ends at once, in its API's way
+            self.metrics.request_failure.labels(err="validation").inc()
+            failed = EventChannel(len(requests))
+            failed.fail(ValidationError(f"the LoRA adapter `{stale[0]}` was unloaded"))
+            return failed
         traced: otel_context.Context | None = otel_context.get_current()
         span = trace.get_current_span(traced)
         if span.is_recording():  # inside the request span (http/request_spans.py): batch spans link to it
@@ -346,4 +379,6 @@ class RouterService:
                 pass
             self._batcher_task = None
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.kv_events is not None:
+            self.kv_events.close()
         await self._client.close()

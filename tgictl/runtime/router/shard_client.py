@@ -26,11 +26,13 @@ from tgictl.proto.messages import (
     DecodeRequest,
     FilterBatchRequest,
     Info,
+    LoadAdapterRequest,
     PrefillRequest,
     StepResult,
     WarmupRequest,
     WarmupResult,
 )
+from tgictl.runtime.router.adapters import AdapterError
 from tgictl.tracing import grpc_metadata
 
 T = TypeVar("T")
@@ -78,10 +80,16 @@ class ShardedClient:
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels))
 
-    async def _all(self, call: Callable[[TextGenerationServiceStub], Awaitable[T]]) -> list[T]:
+    async def _all(
+        self, call: Callable[[TextGenerationServiceStub], Awaitable[T]],
+        refusal: Callable[[str], TgictlError] | None = None,
+    ) -> list[T]:
+        """`refusal`: the error for a shard's INVALID_ARGUMENT, when that is the caller's mistake."""
         results = await asyncio.gather(*(call(stub) for stub in self._stubs), return_exceptions=True)
         for result in results:
             if isinstance(result, grpc.aio.AioRpcError):
+                if refusal is not None and result.code() is grpc.StatusCode.INVALID_ARGUMENT:
+                    raise refusal(result.details() or "the shard refused the request")
                 raise _error(result)
             if isinstance(result, BaseException):
                 raise result
@@ -123,6 +131,16 @@ class ShardedClient:
         metadata = grpc_metadata()  # the batch span's trace context, when tracing is on
         replies = await self._all(lambda s: s.Prefill(message, metadata=metadata))
         return _merge([convert.prefill_response_from_pb(r) for r in replies])
+
+    async def load_adapter(self, request: LoadAdapterRequest) -> None:
+        """Every rank reads the adapter; one that does not fit the model or cannot be read is a 400 with the
+        shard's words."""
+        message = convert.load_adapter_request_to_pb(request)
+        await self._all(lambda s: s.LoadAdapter(message), refusal=AdapterError)
+
+    async def unload_adapter(self, adapter_index: int) -> None:
+        message = convert.unload_adapter_request_to_pb(adapter_index)
+        await self._all(lambda s: s.UnloadAdapter(message), refusal=AdapterError)
 
     async def decode(
         self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()

@@ -38,7 +38,7 @@ class ValidationLimits:
     max_top_n_tokens: int = 5
     max_new_tokens_per_round: int = 1024  # TGI's DEFAULT_GENERATION_LENGTH; longer requests continue
     vocab_size: int | None = None  # the model's: token-id prompts must stay below it
-    adapters: tuple[str, ...] = ()  # the shard's LoRA adapters, in adapter_index order (from 1)
+    adapters: tuple[str, ...] = ()  # the shard's LoRA adapter slots, in adapter_index order (from 1; "" free)
     base_model_names: tuple[str, ...] = BASE_MODEL_ALIASES  # names that mean "no adapter"
     priority_scheduling: bool = False  # --scheduling-policy priority: `priority` orders the queue
 
@@ -245,12 +245,12 @@ class Validator:
     def _adapter(self, request: GenerationInput) -> tuple[int, str | None]:
         """(adapter_index, name) of the request's adapter; (0, None) for the base model."""
         limits = self.limits
-        name = request.adapter_id if request.adapter_id is not None else request.model if limits.adapters else None
+        name = request.adapter_id if request.adapter_id is not None else request.model if any(limits.adapters) else None
         if name is None or name == "" or name in limits.base_model_names:
             return 0, None
         if name in limits.adapters:
             return limits.adapters.index(name) + 1, name
-        known = ", ".join(f"`{n}`" for n in limits.adapters) or "none"
+        known = ", ".join(f"`{n}`" for n in limits.adapters if n) or "none"
         base = ", ".join(f"`{n}`" for n in limits.base_model_names)
         field = "adapter_id" if request.adapter_id is not None else "model"
         raise ValidationError(

@@ -8,6 +8,7 @@ blocks do not exist is refused as an invalid request rather than written out of 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from tgictl.config import SpeculationConfig
-from tgictl.errors import ConfigError, UnhealthyError
+from tgictl.errors import ConfigError, InvalidRequestError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
 from tgictl.kernels.native import load_native_kernels
 from tgictl.quantization import QuantizeSpec
@@ -32,13 +33,17 @@ from tgictl.runtime.shard.batch import ShardBatch
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.host_memory import release_free_memory
 from tgictl.runtime.shard.kv_cache import KVCache
-from tgictl.runtime.shard.lora.attach import attach_adapters, read_adapters
+from tgictl.runtime.shard.lora.adapter_files import read_adapter
+from tgictl.runtime.shard.lora.attach import attach_adapters, read_adapters, set_adapter_slot
+from tgictl.runtime.shard.lora.delta import factor_dtype
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.registry import load_model
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler
 from tgictl.runtime.shard.step import ModelRunner
 from tgictl.runtime.shard.warmup import KVMemorySettings, warmup
+
+log = logging.getLogger(__name__)
 
 StepOutput = tuple[list[Generation], ShardBatch | None, Timings]
 
@@ -154,6 +159,7 @@ class ShardRuntime:
             world_size=self.dist.world_size,
             speculate=self.runner.speculation.tokens,
             adapters=self.adapters,
+            layer_windows=tuple(window or 0 for window in self.config.layer_windows),
         )
 
     def warmup(self, request: WarmupRequest) -> WarmupResult:
@@ -168,6 +174,37 @@ class ShardRuntime:
             )
         finally:
             release_free_memory(collect_garbage=True)  # the probe forward's activations
+
+    def load_adapter(self, name: str, path: str, adapter_index: int) -> None:
+        """Read a PEFT adapter into slot `adapter_index` (from 1): a free slot or the next new one. A bad
+        adapter is a ConfigError that changes nothing; rows in flight keep their adapters' slots."""
+        slots = len(self.adapters)
+        if not 1 <= adapter_index <= slots + 1:
+            raise InvalidRequestError(f"adapter_index must be within 1 .. {slots + 1}, got {adapter_index}")
+        if adapter_index <= slots and self.adapters[adapter_index - 1]:
+            raise InvalidRequestError(f"adapter slot {adapter_index} holds {self.adapters[adapter_index - 1]!r}")
+        adapter = read_adapter(name, Path(path), self.config, factor_dtype(self.dtype, self.device))
+        slots = max(slots, adapter_index)
+        held = set_adapter_slot(self.model, slots, adapter_index - 1, adapter, self.device)
+        names = [*self.adapters, *[""] * (slots - len(self.adapters))]
+        names[adapter_index - 1] = name
+        self._set_adapters(tuple(names))
+        log.info("LoRA adapter %r loaded into slot %d (%.1f MiB of factors on this rank)", name, adapter_index,
+                 held / 2**20)
+
+    def unload_adapter(self, adapter_index: int) -> None:
+        """Empty slot `adapter_index` (its factors become zeros); a free or unknown slot is left as it is."""
+        if not 1 <= adapter_index <= len(self.adapters) or not self.adapters[adapter_index - 1]:
+            return
+        set_adapter_slot(self.model, len(self.adapters), adapter_index - 1, None, self.device)
+        names = list(self.adapters)
+        log.info("LoRA adapter %r unloaded from slot %d", names[adapter_index - 1], adapter_index)
+        names[adapter_index - 1] = ""
+        self._set_adapters(tuple(names))
+
+    def _set_adapters(self, names: tuple[str, ...]) -> None:
+        self.adapters = names
+        self.runner.num_adapters = len(names)
 
     def set_speculation(self, config: SpeculationConfig) -> None:
         """Speculative decoding for every later step (docs/architecture.md, "Speculative decoding")."""

@@ -203,7 +203,6 @@ class ShardServicer(TextGenerationServiceServicer):
         self.failed: str | None = None
         self._on_fatal = on_fatal
         self._faults = faults if faults is not None else StepFaults(None)  # test-only, inert unless set
-        self._info = convert.info_to_pb(runtime.info())  # static for the life of the process
         self._urls = convert.service_discovery_response_to_pb(list(urls))
         self._loop: asyncio.AbstractEventLoop | None = None  # the RPCs' loop, for failures of posted jobs
         self._idle_trim_delay_s = idle_trim_delay_s
@@ -242,7 +241,7 @@ class ShardServicer(TextGenerationServiceServicer):
 
     @_rpc
     async def Info(self, request: pb.InfoRequest) -> pb.InfoResponse:
-        return self._info
+        return convert.info_to_pb(self.runtime.info())  # its adapters change with LoadAdapter / UnloadAdapter
 
     @_rpc
     async def ServiceDiscovery(self, request: pb.ServiceDiscoveryRequest) -> pb.ServiceDiscoveryResponse:
@@ -295,6 +294,18 @@ class ShardServicer(TextGenerationServiceServicer):
         response = convert.decode_response_to_pb(result)
         response.total_ns = time.perf_counter_ns() - start
         return response
+
+    @_rpc
+    async def LoadAdapter(self, request: pb.LoadAdapterRequest) -> pb.LoadAdapterResponse:
+        message = convert.load_adapter_request_from_pb(request)
+        # On the device thread, between steps: no forward reads the stacks while they change.
+        await self._on_device(self.runtime.load_adapter, message.name, message.path, message.adapter_index)
+        return pb.LoadAdapterResponse()
+
+    @_rpc
+    async def UnloadAdapter(self, request: pb.UnloadAdapterRequest) -> pb.UnloadAdapterResponse:
+        await self._on_device(self.runtime.unload_adapter, convert.unload_adapter_request_from_pb(request))
+        return pb.UnloadAdapterResponse()
 
     def _arm_idle_trim(self) -> None:
         """After a step that left no batch: a heap trim once the shard has stayed idle (IDLE_TRIM_DELAY_S)."""

@@ -15,13 +15,8 @@ import pytest
 from tgictl.errors import ConfigError, UnsupportedModelError
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import CpuHost
-from tgictl.runtime.profile.budgets import (
-    BudgetSettings,
-    compute_budgets,
-    model_flops_per_token,
-    model_shape,
-    parameters_per_shard,
-)
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_flops_per_token, model_shape, parameters_per_shard
 from tgictl.runtime.profile.hardware import GpuDevice, Hardware, MatmulMeasurement
 
 GIB = 1 << 30
@@ -88,10 +83,29 @@ def test_vlm_config_reads_text_config_and_moe_counts_experts() -> None:
     vlm = model_shape({"model_type": "llava", "vision_config": {}, "text_config": dict(TINY)})
     assert vlm.is_vlm and vlm.hidden_size == 64 and vlm.num_layers == 2
     moe = model_shape(TINY | {"num_local_experts": 4, "num_experts_per_tok": 2})
-    # MLP FLOPs follow the 2 routed experts: 2·3·64·128·2 = 98304, attention 32768 → 131072 · 2
-    assert model_flops_per_token(moe) == 262144
+    # MLP FLOPs follow the 2 routed experts: 2·3·64·128·2 = 98304, the router 2·64·4 = 512, attention 32768
+    # → 131584 · 2
+    assert model_flops_per_token(moe) == 263168
     # every expert's weights are resident: MLP 3·64·128·4 = 98304 + router 64·4 = 256 per layer
     assert parameters_per_shard(moe, 1) == 139584 + 2 * (98304 - 24576 + 256)
+
+
+def test_qwen3_moe_dense_layers_have_their_own_width() -> None:
+    """mlp_only_layers and decoder_sparse_step leave layers with the dense MLP of intermediate_size; the sparse
+    ones hold every expert of moe_intermediate_size (and a router), and a token computes top_k of them."""
+    config = TINY | {"model_type": "qwen3_moe", "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2,
+                     "moe_intermediate_size": 32, "mlp_only_layers": [0], "decoder_sparse_step": 2}
+    shape = model_shape(config)
+    assert (shape.sparse_layers, shape.dense_mlp_layers, shape.intermediate_size) == (2, 2, 32)  # layers 1 and 3
+    attention = 2 * 64 * 16 * (3 * 4 + 2 * 2)
+    assert model_flops_per_token(shape) == (4 * attention + 2 * (2 * 3 * 64 * 32 * 2 + 2 * 64 * 8)
+                                            + 2 * 2 * 3 * 64 * 128)
+    dense = model_shape(TINY | {"model_type": "qwen3", "num_hidden_layers": 4})  # the same layers, dense MLPs of 128
+    experts_minus_dense = 2 * (3 * 64 * 32 * 8 + 64 * 8 - 3 * 64 * 128)
+    assert parameters_per_shard(shape, 1) == parameters_per_shard(dense, 1) + experts_minus_dense
+    # Two shards: every expert's 32 features split 16 + 16, the dense layers' 128 as 64 + 64.
+    assert parameters_per_shard(shape, 2) - parameters_per_shard(dense, 2) == 2 * (3 * 64 * 16 * 8 + 64 * 8
+                                                                                    - 3 * 64 * 64)
 
 
 def test_missing_or_bad_fields_are_named() -> None:
@@ -115,6 +129,7 @@ def test_tiny_on_cpu() -> None:
         "kv_heads_per_shard": 2,
         "kv_bytes_per_token_per_shard": 512,  # 2 · 2 layers · 2 kv heads · 16 · 4 bytes
         "kv_bytes_per_block_per_shard": 8192,  # 16 · 512
+        "windowed_kv_bytes_per_token_per_shard": 512,  # no sliding windows
         "activation_bytes_per_token_per_shard": 2048,  # (2·64 + 3·128) · 4
         "device_flops": 1e11,  # the float32 measurement (no native bf16 on this host)
         # 1e11 / 163840 = 610351 → clamped to max_position_embeddings 256 (RAM would allow
@@ -187,13 +202,13 @@ def test_small_kv_budget_reports_problems() -> None:
     # One request gets every block but block 0: 9 · 16 (the shard's warmup default)
     assert (budgets.max_total_tokens.value, budgets.max_input_tokens.value) == (144, 143)
     assert budgets.max_total_tokens.source.endswith(": KV capacity less block 0")
-    assert budgets.problems == ("max_batch_prefill_tokens (256) must be <= max_batch_total_tokens (160)",)
+    assert budgets.problems == ("--max-batch-prefill-tokens (256) must be <= --max-batch-total-tokens (160)",)
 
     settings = BudgetSettings(kv_cache_memory_bytes=81920, max_total_tokens=200, max_input_tokens=100)
     budgets = compute_budgets(shape, cpu_hardware(), settings)
     assert budgets.max_input_tokens.source == "--max-input-tokens"
     assert budgets.problems[-1] == (
-        "Not enough memory to handle `max_total_tokens=200`: the KV cache holds 160 tokens"
+        "Not enough memory to handle --max-total-tokens 200: the KV cache holds 160 tokens"
     )
 
 
@@ -262,8 +277,8 @@ def test_smollm2_on_three_small_l4s_hits_the_memory_clamp() -> None:
     assert (got["kv_cache_memory_bytes_per_shard"], got["kv_blocks"], got["max_total_tokens"]) == (0, 0, 0)
     assert budgets.problems == (
         "the KV cache holds 0 blocks per shard; at least 2 are needed (block 0 is reserved)",
-        "max_input_tokens (0) must be < max_total_tokens (0)",
-        "max_batch_prefill_tokens (7777) must be <= max_batch_total_tokens (0)",
+        "--max-input-tokens (0) must be < --max-total-tokens (0)",
+        "--max-batch-prefill-tokens (7777) must be <= --max-batch-total-tokens (0)",
     )
 
 
@@ -321,7 +336,7 @@ def test_sizes_follow_the_shards_default_dtype_not_config_json() -> None:
 
 
 def test_not_enough_gpus_or_indivisible_heads() -> None:
-    with pytest.raises(ConfigError, match="num_shard=2 needs 2 GPUs, NVML lists 1"):
+    with pytest.raises(ConfigError, match="--num-shard 2 needs 2 GPUs, NVML lists 1"):
         compute_budgets(model_shape(TINY), gpu_hardware("NVIDIA L4", 1, 24 * GIB), BudgetSettings(num_shard=2))
     # SmolLM2's 9 query heads over 3 KV heads do split over 2 shards: 2 KV-head groups and 1.
     two = compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(num_shard=2))
@@ -334,13 +349,13 @@ def test_not_enough_gpus_or_indivisible_heads() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_shard": 0}, "num_shard"),
-        ({"block_size": 0}, "block_size"),
-        ({"dtype": "int8"}, "dtype"),
-        ({"max_total_tokens": 0}, "max_total_tokens"),
-        ({"kv_cache_memory_bytes": -1}, "kv_cache_memory_bytes"),
-        ({"cuda_memory_fraction": 1.5}, "cuda_memory_fraction"),
-        ({"max_input_tokens": 10, "max_total_tokens": 10}, "must be < max_total_tokens"),
+        ({"num_shard": 0}, "--num-shard"),
+        ({"block_size": 0}, "--block-size"),
+        ({"dtype": "int8"}, "--dtype"),
+        ({"max_total_tokens": 0}, "--max-total-tokens"),
+        ({"kv_cache_memory_bytes": -1}, "--kv-cache-memory"),
+        ({"cuda_memory_fraction": 1.5}, "--cuda-memory-fraction"),
+        ({"max_input_tokens": 10, "max_total_tokens": 10}, r"must be < --max-total-tokens \(10\)"),
     ],
 )
 def test_settings_validation(kwargs: dict[str, Any], message: str) -> None:

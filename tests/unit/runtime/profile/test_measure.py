@@ -10,7 +10,8 @@ import pytest
 from tgictl.errors import ConfigError
 from tgictl.runtime.host import CpuHost
 from tgictl.runtime.model_files.resolve import load_model_config
-from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets, model_shape
+from tgictl.runtime.profile.budgets import BudgetSettings, compute_budgets
+from tgictl.runtime.profile.model_shape import model_shape
 from tgictl.runtime.profile.hardware import Hardware
 from tgictl.runtime.profile.measure import (
     Measurement,

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tgictl.runtime.profile.budgets import model_shape
+from tgictl.runtime.profile.model_shape import model_shape
 from tgictl.runtime.profile.step_bound import decode_step_bound, streamed_weight_parameters
 
 SMOLLM2 = model_shape({

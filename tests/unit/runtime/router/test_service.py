@@ -15,7 +15,7 @@ from tgictl.testing.fake_shard import FakeServiceClient
 from tgictl.config import RouterConfig, SchedulingPolicy
 from tgictl.errors import OverloadedError, ValidationError
 from tgictl.runtime.router.http.app import create_app
-from tgictl.runtime.router.http.routes_openai import continue_final_message
+from tgictl.runtime.router.http.chat.turn import continue_final_message
 from tgictl.runtime.router.request import EndEvent, ErrorEvent, StreamEvent, TokenEvent
 from tgictl.runtime.router.service import RouterService, ShuttingDownError
 from tgictl.runtime.router.validation import GenerationInput

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tgictl.errors import ConfigError, UnsupportedModelError
+from tgictl.runtime.shard.family_spec import FamilySpec, LayerSpec
 from tgictl.runtime.shard.model_config import ModelConfig
 
 BASE: dict[str, Any] = {
@@ -36,8 +37,10 @@ def test_reads_the_architecture(tmp_path: Path) -> None:
     config = ModelConfig.from_dir(_write(tmp_path, BASE))
     assert (config.model_type, config.num_layers, config.num_heads, config.num_kv_heads) == ("llama", 3, 8, 2)
     assert config.head_dim == 8  # hidden_size // num_attention_heads when head_dim is absent
-    assert config.rope.rope_type == "default" and config.rope.theta == 10000.0
-    assert (config.tie_word_embeddings, config.attention_bias, config.mlp_bias) == (False, False, False)
+    assert config.rope is not None and config.rope.rope_type == "default" and config.rope.theta == 10000.0
+    assert config.tie_word_embeddings is False
+    assert config.family == FamilySpec(layers=(LayerSpec(config.rope),) * 3)  # Llama: every default
+    assert config.family.runs_llama_loop()
     assert config.rms_norm_eps == 1e-5
 
 
@@ -49,10 +52,17 @@ def test_eos_ids_merge_config_and_generation_config(tmp_path: Path) -> None:
     assert ModelConfig.from_dict({**BASE, "eos_token_id": None}).eos_token_ids == ()
 
 
-def test_sliding_window_is_recorded_only_when_enabled() -> None:
-    assert ModelConfig.from_dict({**BASE, "sliding_window": 4096}).sliding_window == 4096
-    qwen2 = {**BASE, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False}
-    assert ModelConfig.from_dict(qwen2).sliding_window is None
+def test_sliding_windows_per_layer_as_transformers_reads_them() -> None:
+    mistral = {**BASE, "model_type": "mistral"}
+    assert ModelConfig.from_dict({**mistral, "sliding_window": 4096}).layer_windows == (4096,) * 3
+    assert ModelConfig.from_dict({**mistral, "sliding_window": None}).layer_windows == (None,) * 3
+    assert ModelConfig.from_dict({**BASE, "sliding_window": 4096}).layer_windows == (None,) * 3  # llama has none
+    qwen2 = {**BASE, "model_type": "qwen2", "sliding_window": 4096, "max_window_layers": 1}
+    assert ModelConfig.from_dict({**qwen2, "use_sliding_window": False}).layer_windows == (None,) * 3
+    assert ModelConfig.from_dict({**qwen2, "use_sliding_window": True}).layer_windows == (None, 4096, 4096)
+    listed = {**qwen2, "use_sliding_window": True, "layer_types": ["sliding_attention", "full_attention"] * 1
+              + ["sliding_attention"]}
+    assert ModelConfig.from_dict(listed).layer_windows == (4096, None, 4096)
 
 
 def test_head_split_of_a_config() -> None:
@@ -65,8 +75,9 @@ def test_head_split_of_a_config() -> None:
 def test_unsupported_activation_and_partial_rotary_are_refused() -> None:
     with pytest.raises(UnsupportedModelError, match="hidden_act 'gelu' is not supported; supported: silu, swish"):
         ModelConfig.from_dict({**BASE, "hidden_act": "gelu"})
-    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.5"):
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.5 is not supported for 'llama'"):
         ModelConfig.from_dict({**BASE, "partial_rotary_factor": 0.5})
+    assert ModelConfig.from_dict({**BASE, "hidden_act": "gelu_pytorch_tanh"}).family.activation == "gelu_tanh"
 
 
 def test_missing_keys_and_files_are_config_errors(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,21 +12,26 @@ from typing import Any
 
 import pytest
 import torch
+from paged_forward import (
+    BLOCK_SIZE,
+    CPU,
+    NUM_BLOCKS,
+    PARITY_TOLERANCE,
+    PagedSequence,
+    forward,
+    hf_step,
+    load,
+    parity,
+    shuffled_blocks,
+    tokens,
+)
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from tgictl.errors import InvalidRequestError, UnsupportedModelError
 from tgictl.kernels import build_attention_metadata
-from tgictl.runtime.shard.dist import DistContext
-from tgictl.runtime.shard.kv_cache import KVCache
-from tgictl.runtime.shard.models.base import CausalLM
-from tgictl.runtime.shard.models.registry import load_model
-
-CPU = torch.device("cpu")
-BLOCK_SIZE = 4
-NUM_BLOCKS = 48
-PARITY_TOLERANCE = 1e-4
-DECODE_STEPS = 16
+from tgictl.runtime.shard.families import supported_model_types
+from tgictl.testing.tiny_models import FAMILIES
 
 # Rope scalings whose effect shows within a short test: the trained/original length is 16 positions
 # and a sequence reaches 11 + 16 = 27.
@@ -59,118 +63,42 @@ ROPE_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _load(model_dir: Path, dtype: torch.dtype = torch.float32) -> CausalLM:
-    return load_model(model_dir, dtype=dtype, device=CPU, dist=DistContext.single())
-
-
-class PagedSequence:
-    """One sequence's block table (shuffled blocks, as a router's free list hands them out) and slots."""
-
-    def __init__(self, blocks: list[int]) -> None:
-        self.blocks = blocks
-
-    def slots(self, start: int, stop: int) -> Tensor:
-        return torch.tensor([self.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(start, stop)])
-
-
-def _shuffled_blocks(seed: int, count: int, first: int = 1) -> list[int]:
-    blocks = list(range(first, first + count))
-    random.Random(seed).shuffle(blocks)
-    return blocks
-
-
-def forward(
-    model: CausalLM,
-    cache: KVCache,
-    parts: list[tuple[PagedSequence, Tensor, int]],
-    all_logits: bool = False,
-) -> list[Tensor]:
-    """One paged forward over several sequences; parts: (sequence, new token ids, cache_len).
-
-    Returns per sequence the logits of its last new token ([1, vocab]) or of every new token.
-    """
-    ids, positions, slots, rows, spans = [], [], [], [], []
-    offset = 0
-    for seq, new_ids, cache_len in parts:
-        n = new_ids.shape[0]
-        ids.append(new_ids)
-        positions.append(torch.arange(cache_len, cache_len + n))
-        slots.append(seq.slots(cache_len, cache_len + n))
-        wanted = list(range(offset, offset + n)) if all_logits else [offset + n - 1]
-        spans.append((len(rows), len(rows) + len(wanted)))
-        rows.extend(wanted)
-        offset += n
-    meta = build_attention_metadata(
-        [c for _, _, c in parts], [t.shape[0] for _, t, _ in parts], [s.blocks for s, _, _ in parts], BLOCK_SIZE, CPU
-    )
-    logits = model(torch.cat(ids), torch.cat(positions), torch.cat(slots), cache, meta, torch.tensor(rows))
-    return [logits[a:b] for a, b in spans]
-
-
-def _hf_step(hf: Any, ids: Tensor, cache: Any) -> tuple[Tensor, Any]:
-    """transformers forward with its own KV cache; returns (logits [tokens, vocab], cache)."""
-    with torch.no_grad():
-        out = hf(ids[None], use_cache=True, **({} if cache is None else {"cache": cache}))
-    return out.logits[0].float(), out.cache
-
-
-def _tokens(seed: int, count: int) -> Tensor:
-    return torch.randint(3, 512, (count,), generator=torch.Generator().manual_seed(seed))
-
-
-def _parity(model_dir: Path, steps: int = DECODE_STEPS) -> float:
-    """Max |tgictl - transformers| over an 11-token prefill (all positions) and `steps` teacher-forced steps."""
-    model = _load(model_dir)
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
-    seq = PagedSequence(_shuffled_blocks(seed=7, count=8))
-    prompt, forced = _tokens(1, 11), _tokens(2, steps)
-    (ours,) = forward(model, cache, [(seq, prompt, 0)], all_logits=True)
-    reference, hf_cache = _hf_step(hf, prompt, None)
-    worst = (ours - reference).abs().max().item()
-    for step, token in enumerate(forced):
-        (ours,) = forward(model, cache, [(seq, token[None], prompt.shape[0] + step)])
-        reference, hf_cache = _hf_step(hf, token[None], hf_cache)
-        worst = max(worst, (ours[0] - reference[-1]).abs().max().item())
-    return worst
-
-
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_logits_match_transformers(family: str, tiny_model_dirs: dict[str, Path]) -> None:
-    assert _parity(tiny_model_dirs[family]) <= PARITY_TOLERANCE
+    assert parity(tiny_model_dirs[family]) <= PARITY_TOLERANCE
 
 
 @pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
 def test_logits_match_transformers_with_rope_scaling(variant: str, make_tiny_model: Callable[..., Path]) -> None:
-    assert _parity(make_tiny_model("llama", **ROPE_VARIANTS[variant])) <= PARITY_TOLERANCE
+    assert parity(make_tiny_model("llama", **ROPE_VARIANTS[variant])) <= PARITY_TOLERANCE
 
 
 def test_smollm2_logits_match_transformers(smollm2_dir: Path) -> None:
     """The real 30-layer model: float32 sums over 576..1536-wide rows and logits up to ~35 in size leave
     ~1e-4 of rounding difference (measured 8e-5 over a 40-token prompt and 16 steps)."""
-    assert _parity(smollm2_dir, steps=8) <= 5e-4
+    assert parity(smollm2_dir, steps=8) <= 5e-4
 
 
 def test_untied_head_and_qwen2_bias_change_the_logits(tiny_model_dirs: dict[str, Path]) -> None:
     """Guards the parity tests: the tiny models are not degenerate (a missing bias would show)."""
-    model = _load(tiny_model_dirs["qwen2"])
+    model = load(tiny_model_dirs["qwen2"])
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
-    seq = PagedSequence(_shuffled_blocks(seed=3, count=4))
-    (with_bias,) = forward(model, cache, [(seq, _tokens(5, 6), 0)])
+    seq = PagedSequence(shuffled_blocks(seed=3, count=4))
+    (with_bias,) = forward(model, cache, [(seq, tokens(5, 6), 0)])
     model.layers[0].attention.qkv.bias.zero_()
-    (without_bias,) = forward(model, cache, [(seq, _tokens(5, 6), 0)])
+    (without_bias,) = forward(model, cache, [(seq, tokens(5, 6), 0)])
     assert (with_bias - without_bias).abs().max().item() > 1e-2
 
 
 def test_mixed_batch_equals_each_sequence_alone(tiny_model_dirs: dict[str, Path]) -> None:
-    model = _load(tiny_model_dirs["qwen3"])
+    model = load(tiny_model_dirs["qwen3"])
     # (cached tokens, new tokens): a decode, a fresh prompt, a second prompt chunk, another decode
     layout = [(13, 1), (0, 9), (8, 5), (3, 1)]
-    histories = [_tokens(10 + i, cached + new) for i, (cached, new) in enumerate(layout)]
+    histories = [tokens(10 + i, cached + new) for i, (cached, new) in enumerate(layout)]
     results: dict[str, list[Tensor]] = {}
     for mode in ("alone", "batched"):
         cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
-        seqs = [PagedSequence(_shuffled_blocks(seed=i, count=5, first=1 + 5 * i)) for i in range(len(layout))]
+        seqs = [PagedSequence(shuffled_blocks(seed=i, count=5, first=1 + 5 * i)) for i in range(len(layout))]
         for seq, history, (cached, _) in zip(seqs, histories, layout):
             if cached:  # the already-cached part, written by earlier steps
                 forward(model, cache, [(seq, history[:cached], 0)])
@@ -186,9 +114,9 @@ def test_mixed_batch_equals_each_sequence_alone(tiny_model_dirs: dict[str, Path]
 
 def test_cached_prefix_blocks_give_the_recomputed_logits(tiny_model_dirs: dict[str, Path]) -> None:
     """A second request whose first 2 blocks are shared (radix hit) computes only the rest."""
-    model = _load(tiny_model_dirs["llama"])
+    model = load(tiny_model_dirs["llama"])
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
-    prompt = _tokens(21, 14)
+    prompt = tokens(21, 14)
     first = PagedSequence([9, 4, 17, 2])
     (full,) = forward(model, cache, [(first, prompt, 0)], all_logits=True)
     cached = 2 * BLOCK_SIZE
@@ -196,18 +124,18 @@ def test_cached_prefix_blocks_give_the_recomputed_logits(tiny_model_dirs: dict[s
     (suffix,) = forward(model, cache, [(second, prompt[cached:], cached)], all_logits=True)
     torch.testing.assert_close(suffix, full[cached:], rtol=0, atol=1e-5)
     # and decoding on from either copy agrees
-    token = _tokens(22, 1)
+    token = tokens(22, 1)
     (a,) = forward(model, cache, [(first, token, 14)])
     (b,) = forward(model, cache, [(second, token, 14)])
     torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def test_prompt_in_three_chunks_equals_one_prefill(tiny_model_dirs: dict[str, Path]) -> None:
-    model = _load(tiny_model_dirs["mistral"])
-    prompt = _tokens(31, 15)
+    model = load(tiny_model_dirs["mistral"])
+    prompt = tokens(31, 15)
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
-    (whole,) = forward(model, cache, [(PagedSequence(_shuffled_blocks(1, 4)), prompt, 0)], all_logits=True)
-    chunked_seq = PagedSequence(_shuffled_blocks(2, 4, first=10))
+    (whole,) = forward(model, cache, [(PagedSequence(shuffled_blocks(1, 4)), prompt, 0)], all_logits=True)
+    chunked_seq = PagedSequence(shuffled_blocks(2, 4, first=10))
     chunks = [
         forward(model, cache, [(chunked_seq, prompt[start:stop], start)], all_logits=True)[0]
         for start, stop in ((0, 6), (6, 11), (11, 15))
@@ -216,9 +144,9 @@ def test_prompt_in_three_chunks_equals_one_prefill(tiny_model_dirs: dict[str, Pa
 
 
 def test_logit_indices_select_rows(tiny_model_dirs: dict[str, Path]) -> None:
-    model = _load(tiny_model_dirs["llama"])
-    seq = PagedSequence(_shuffled_blocks(4, 3))
-    prompt = _tokens(41, 10)
+    model = load(tiny_model_dirs["llama"])
+    seq = PagedSequence(shuffled_blocks(4, 3))
+    prompt = tokens(41, 10)
     (every,) = forward(model, model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE), [(seq, prompt, 0)], all_logits=True)
     (last,) = forward(model, model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE), [(seq, prompt, 0)])
     assert every.shape == (10, 512) and last.shape == (1, 512)
@@ -228,13 +156,13 @@ def test_logit_indices_select_rows(tiny_model_dirs: dict[str, Path]) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_forward_tracks_transformers(dtype: torch.dtype, tiny_model_dirs: dict[str, Path]) -> None:
     model_dir = tiny_model_dirs["qwen2"]
-    model = _load(model_dir, dtype)
+    model = load(model_dir, dtype)
     assert model.embed.weight.dtype == dtype
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
-    prompt = _tokens(51, 12)
+    prompt = tokens(51, 12)
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
     (ours,) = forward(model, cache, [(PagedSequence([3, 1, 2]), prompt, 0)], all_logits=True)
-    reference, _ = _hf_step(hf, prompt, None)
+    reference, _ = hf_step(hf, prompt, None)
     assert ours.dtype == dtype  # the model's dtype: consumers widen what they use
     ours = ours.float()
     # Rounding differs in a few places (fused matmuls; the attention kernel works in float32) and the
@@ -251,13 +179,13 @@ def test_unknown_model_type_lists_supported_ones(tiny_model_dirs: dict[str, Path
     shutil.copytree(tiny_model_dirs["llama"], model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    expected = "'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"
+    expected = f"'gpt2' is not supported; supported: {', '.join(supported_model_types())}"
     with pytest.raises(UnsupportedModelError, match=expected):
-        _load(model_dir)
+        load(model_dir)
 
 
 def test_forward_checks_its_inputs_against_the_metadata(tiny_model_dirs: dict[str, Path]) -> None:
-    model = _load(tiny_model_dirs["llama"])
+    model = load(tiny_model_dirs["llama"])
     cache = model.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE)
     meta = build_attention_metadata([0], [3], [[1]], BLOCK_SIZE, CPU)
     ids, positions, slots = torch.tensor([5, 6, 7]), torch.arange(3), torch.arange(4, 7)

@@ -3,7 +3,8 @@
 The C loop makes the Python layers' calls in their order, so every logprob, token and KV entry must be
 equal bit for bit, at the matrix-vector kernels' 1-4 rows and, where the many-row kernels run (AMX for
 bf16, bf16 dot products for int4), at 5-32; and it must decline what it does not compute (prefill, more
-rows than its kernels take, families with biases or q/k norms) without changing anything.
+rows than its kernels take, families other than Llama's layer, whose only extra the loop computes is one
+sliding window for every layer) without changing anything.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tgictl.kernels.native import cpu_flags
 from tgictl.proto.messages import SamplingParams
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
-from tgictl.runtime.shard.models import llama
+from tgictl.runtime.shard.models import decoder
 from tgictl.runtime.shard.step import ModelRunner
 from tgictl.testing.tiny_gguf import every_projection, write_tiny_gguf
 
@@ -73,9 +74,9 @@ def _compare(compiled: ModelRunner, reference: ModelRunner, rows: int, monkeypat
         ran.append(result is not None)
         return result
 
-    monkeypatch.setattr(llama, "decode_layers", recording)
+    monkeypatch.setattr(decoder, "decode_layers", recording)
     ours = _generate(compiled, rows, 12)
-    monkeypatch.setattr(llama, "decode_layers", decode_layers)
+    monkeypatch.setattr(decoder, "decode_layers", decode_layers)
     theirs = _generate(reference, rows, 12)
     # Never the prefill; every decode step of up to max_rows rows (more decline until enough finish).
     max_rows = compiled.model.plain_layer_stack().max_rows
@@ -168,11 +169,25 @@ def test_the_loop_declines_what_it_does_not_compute(model_dir: Path) -> None:
         decode_layers(stack, hidden, None, cos, sin, outside, caches, meta)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_families_with_biases_or_qk_norms_keep_the_python_layers(
-    family: str, make_tiny_model: Callable[..., Path]
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_a_sliding_window_on_every_layer_runs_in_the_loop(
+    rows: int, make_tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Mistral's window (6 positions; the prompts reach 19 + 12 + 8 positions) is the loop's too: it reads
+    the windowed decode plan, and gives the Python layers' results bit for bit."""
+    model_dir = make_tiny_model("mistral", num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=1,
+                                intermediate_size=512, dtype="bfloat16", sliding_window=6)
+    compiled = make_runner(model_dir, dtype=torch.bfloat16)
+    stack = compiled.model.plain_layer_stack()
+    assert stack is not None and stack.shape.window == 6
+    _compare(compiled, make_runner(model_dir, dtype=torch.bfloat16), rows, monkeypatch)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "smollm3", "olmo2", "granite"])
+def test_other_families_keep_the_python_layers(family: str, make_tiny_model: Callable[..., Path]) -> None:
+    """Biases, q/k norms, other norms, layouts, activations, scales, rotaries: every field off Llama's default."""
     runner = make_runner(make_tiny_model(family, num_layers=3, dtype="bfloat16"), dtype=torch.bfloat16)
+    assert not runner.model.config.family.runs_llama_loop()
     assert runner.model.plain_layer_stack() is None
 
 

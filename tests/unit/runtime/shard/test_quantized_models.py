@@ -16,10 +16,13 @@ from tgictl.errors import ConfigError
 from tgictl.kernels import build_attention_metadata
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, Int8Weight, Role, linear_method
 from tgictl.quantization import QuantizeSpec
-from tgictl.runtime.profile.budgets import model_shape, weight_bytes_per_shard
+from tgictl.runtime.profile.model_shape import model_shape, weight_bytes_per_shard
 from tgictl.runtime.shard.dist import DistContext
+from tgictl.runtime.shard.layers.moe import SparseMoE
+from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
 from tgictl.runtime.shard.models.registry import load_model, weight_bytes
+from tgictl.testing.tiny_models import FAMILIES
 
 CPU = torch.device("cpu")
 SPECS = {"int8": QuantizeSpec("int8"), "int4/g32": QuantizeSpec("int4", 32), "int4/g64": QuantizeSpec("int4", 64)}
@@ -36,19 +39,22 @@ def _logits(model: CausalLM, ids: list[int]) -> torch.Tensor:
 
 
 def _dequantized_copy(model_dir: Path, spec: QuantizeSpec, target: Path) -> Path:
-    """The same checkpoint with every projection replaced by its quantized values, each matrix alone."""
+    """The same checkpoint with every projection replaced by its quantized values, each matrix alone (an MoE
+    model's experts too; its routers stay in the serving dtype)."""
     shutil.copytree(model_dir, target)
     tensors = load_file(str(model_dir / "model.safetensors"))
     method = linear_method(spec)
+    moe = ModelConfig.from_dir(model_dir).moe
+    router = None if moe is None else f".{moe.names.block}.{moe.names.router}.weight"
     for name, tensor in tensors.items():
-        if tensor.dim() == 2:
+        if tensor.dim() == 2 and not (router is not None and name.endswith(router)):
             role = Role.VOCAB if "embed_tokens" in name or "lm_head" in name else Role.PROJECTION
             tensors[name] = method.from_dense(tensor, torch.float32, role).dequantize()
     save_file(tensors, str(target / "model.safetensors"))
     return target
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("label", list(SPECS))
 def test_quantized_model_computes_its_dequantized_weights(family: str, label: str, make_tiny_model,
                                                           tmp_path: Path) -> None:
@@ -62,14 +68,20 @@ def test_quantized_model_computes_its_dequantized_weights(family: str, label: st
     torch.testing.assert_close(_logits(quantized, ids), expected, rtol=0, atol=1e-4 * float(expected.abs().max()))
     projection = Int8Weight if spec.method == "int8" else Int4Weight
     assert isinstance(quantized.layers[0].attention.qkv.weight, projection)  # q, k, v fused, quantized once
-    assert isinstance(quantized.layers[0].mlp.down.weight, projection)
+    mlp = quantized.layers[0].mlp
+    if isinstance(mlp, SparseMoE):  # every expert quantized, the router not
+        assert all(isinstance(w, projection) for w in (*mlp.experts.gate_up, *mlp.experts.down))
+        assert mlp.router.weight.dtype == torch.float32
+    else:
+        assert isinstance(mlp.down.weight, projection)
     assert isinstance(quantized.embed.weight, Int8Weight)  # the vocabulary: int8 under every method
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("label", list(SPECS))
-def test_held_bytes_are_the_profile_estimate(label: str, make_tiny_model) -> None:
+def test_held_bytes_are_the_profile_estimate(family: str, label: str, make_tiny_model) -> None:
     spec = SPECS[label]
-    model_dir = make_tiny_model("llama", **SHAPE)
+    model_dir = make_tiny_model(family, **SHAPE)
     model = load_model(model_dir, dtype=torch.bfloat16, device=CPU, dist=DistContext.single(), quantize=spec)
     shape = model_shape(json.loads((model_dir / "config.json").read_text()))
     estimate, _ = weight_bytes_per_shard(shape, 1, 2, spec, None)

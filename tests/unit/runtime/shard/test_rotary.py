@@ -18,7 +18,7 @@ from tgictl.runtime.shard.layers.rotary import (
     RotaryEmbedding,
     apply_rotary,
 )
-from tgictl.runtime.shard.model_config import ROPE_TYPES, parse_rope
+from tgictl.runtime.shard.rope_config import ROPE_TYPES, parse_rope
 
 HEAD_DIM = 16
 MAX_POSITIONS = 64

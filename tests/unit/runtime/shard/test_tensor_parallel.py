@@ -81,8 +81,33 @@ CASES: list[tuple[str, dict[str, object], torch.dtype, QuantizeSpec | None]] = [
     ("int8, uneven head groups", UNEVEN_HEADS, torch.float32, QuantizeSpec("int8")),
     ("int4 g32", {"family": "qwen3", "hidden_size": 128, "num_kv_heads": 2, "intermediate_size": 256}, torch.float32,
      QuantizeSpec("int4", 32)),
+    # Every family's differences under an uneven split (9 query heads over 3 KV heads: 6 + 3), windows of 5 positions
+    # (the scenario's sequences reach 14 and 30): sandwich norms and soft-caps, two rotaries and q/k norms, fused
+    # projections and partial rotary, layers without positions, q/k norms over all heads (also with a KV head
+    # replicated on both ranks), scalars.
+    ("gemma2", {**UNEVEN_HEADS, "family": "gemma2", "sliding_window": 5}, torch.float32, None),
+    ("gemma3_text", {**UNEVEN_HEADS, "family": "gemma3_text", "sliding_window": 5}, torch.float32, None),
+    ("phi3", {**UNEVEN_HEADS, "family": "phi3", "sliding_window": 5}, torch.float32, None),
+    ("mistral", {**UNEVEN_HEADS, "family": "mistral", "sliding_window": 5}, torch.float32, None),
+    ("smollm3", {**UNEVEN_HEADS, "family": "smollm3", "use_sliding_window": True, "sliding_window": 5},
+     torch.float32, None),
+    ("olmo2", {**UNEVEN_HEADS, "family": "olmo2"}, torch.float32, None),
+    ("olmo2, replicated kv head", {"family": "olmo2", "num_kv_heads": 1}, torch.float32, None),
+    ("granite", {**UNEVEN_HEADS, "family": "granite"}, torch.float32, None),
+    ("phi3 int8", {**UNEVEN_HEADS, "family": "phi3"}, torch.float32, QuantizeSpec("int8")),
+    ("gemma3_text, bfloat16", {**UNEVEN_HEADS, "family": "gemma3_text", "sliding_window": 5}, torch.bfloat16, None),
     ("GGUF Q4_0", {"gguf": "Q4_0", "family": "llama"}, torch.float32, None),
     ("GGUF Q4_K, o_proj inside blocks", {"gguf": "Q4_K", "family": "qwen2"}, torch.float32, None),
+    ("GGUF Q8_0 phi3, fused rows of one tensor", {"gguf": "Q8_0", "family": "phi3"}, torch.float32, None),
+    ("GGUF Q8_0 gemma3", {"gguf": "Q8_0", "family": "gemma3_text"}, torch.float32, None),
+    # MoE: every expert's intermediate features split over the ranks (34 + 33 of 67; int4 groups 64 + 32 of 96),
+    # the router replicated; dense layers among the sparse ones split as any MLP.
+    ("mixtral, experts split unevenly", {"family": "mixtral", "intermediate_size": 67}, torch.float32, None),
+    ("qwen3_moe int4 g32, uneven groups", {"family": "qwen3_moe", "hidden_size": 128, "moe_intermediate_size": 96},
+     torch.float32, QuantizeSpec("int4", 32)),
+    ("qwen3_moe dense layers, bfloat16", {"family": "qwen3_moe", "num_layers": 3, "mlp_only_layers": [0]},
+     torch.bfloat16, None),
+    ("GGUF qwen3_moe Q8_0 experts", {"gguf": "Q8_0", "family": "qwen3_moe"}, torch.float32, None),
 ]
 
 
@@ -144,12 +169,19 @@ def test_two_ranks_match_one(case: str, tp_results: dict[str, tuple]) -> None:
         assert (ours0 - reference).abs().max().item() <= 1e-4
 
 
+# In bf16 two ranks' partial sums round differently from one shard's whole sums; a router whose k-th and next
+# expert lie within that rounding picks another expert for the token (as transformers in bf16 does against float32),
+# so an MoE model's bf16 logits are held to the ranks' agreement only: float32 holds them to one shard's.
+ROUTING_MAY_DIFFER_IN_BF16 = frozenset({"qwen3_moe dense layers, bfloat16"})
+
+
 @pytest.mark.parametrize("case", [name for name, _, dtype, _ in CASES if dtype == torch.bfloat16])
 def test_two_ranks_in_bfloat16_agree(case: str, tp_results: dict[str, tuple]) -> None:
     rank0, rank1, single = tp_results[case]
     for ours0, ours1, reference in zip(rank0, rank1, single):
         assert torch.equal(ours0, ours1)
-        assert torch.equal(ours0.argmax(-1), reference.argmax(-1))
+        if case not in ROUTING_MAY_DIFFER_IN_BF16:
+            assert torch.equal(ours0.argmax(-1), reference.argmax(-1))
 
 
 def test_world_one_needs_no_process_group() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,7 @@ def test_warmup_sizes_the_cache_and_the_runtime_serves_after_it(tiny_model_dir: 
     info = runtime.info()
     assert (info.dtype, info.device_type, info.block_size, info.model_type) == ("float32", "cpu", 16, "llama")
     assert info.support_chunking and info.world_size == 1
+    assert info.layer_windows == (0, 0)  # the tiny llama's two layers attend to the whole context
     runtime.health()  # works before warmup: block 0 exists from the start
     # Before warmup only block 0 exists, so a router batch is refused, not written out of bounds.
     with pytest.raises(InvalidRequestError, match="block ids"):
@@ -147,3 +149,9 @@ def test_a_budget_below_two_blocks_fails_and_leaves_the_shard_healthy(tiny_model
         bad = Batch(id=0, requests=(dataclasses.replace(probe_batch([4]).requests[0], input_ids=(1, 512)),))
         runtime.warmup(WarmupRequest(batch=bad, max_prefill_tokens=16))
     runtime.health()
+
+
+def test_info_reports_each_layers_sliding_window(make_tiny_model: Callable[..., Path]) -> None:
+    model_dir = make_tiny_model("gemma3_text", num_layers=4, sliding_window=6)  # sliding_window_pattern 2
+    runtime = ShardRuntime.load(model_dir, "float32", "cpu", DistContext.single(), block_size=16)
+    assert runtime.info().layer_windows == (6, 0, 6, 0)

@@ -22,8 +22,9 @@ from tgictl.errors import ValidationError
 from tgictl.proto.messages import Grammar, GrammarType
 from tgictl.runtime.guidance import grammar_error, json_schema_grammar, lark_grammar, load_tokenizer, regex_grammar
 from tgictl.runtime.router.guided.grammar_probe import probe_error
+from tgictl.runtime.router.guided.reasoning import FREE_TEXT_GRAMMAR, ReasoningGrammar
 
-GrammarKind = Literal["json", "regex", "lark"]
+GrammarKind = Literal["json", "regex", "lark", "text"]
 
 CACHED_GRAMMARS = 1024
 
@@ -31,11 +32,14 @@ CACHED_GRAMMARS = 1024
 @dataclass(frozen=True)
 class GrammarRequest:
     """What a request asks its output to follow, before it is checked. `value` is a JSON schema's
-    canonical JSON text, a regex, or a lark grammar (the tool grammar)."""
+    canonical JSON text, a regex, or a lark grammar (the tool grammar); kind "text" is any text (a
+    reasoning budget without a grammar of its own)."""
 
     kind: GrammarKind
     value: str
     strict: bool = True  # JSON: refuse keywords llguidance cannot enforce (OpenAI's strict)
+    # A reasoning model's think text comes first, free (guided/reasoning.py); the grammar constrains the rest.
+    reasoning: ReasoningGrammar | None = None
 
     @classmethod
     def json_schema(cls, schema: object, *, strict: bool) -> GrammarRequest:
@@ -111,8 +115,12 @@ class GrammarValidator:
                 text = json_schema_grammar(json.loads(request.value), strict=request.strict)
             elif request.kind == "regex":
                 text = regex_grammar(request.value)
-            else:
+            elif request.kind == "lark":
                 text = lark_grammar(request.value)
+            else:
+                text = FREE_TEXT_GRAMMAR
+            if request.reasoning is not None:
+                text = request.reasoning.wrap(text)
         except (ValueError, TypeError) as err:  # llguidance's own parse errors
             return _one_line(str(err))
         error = grammar_error(text, self.tokenizer) or probe_error(text, self.tokenizer)

@@ -2,9 +2,10 @@
 
 The tool grammar fixes the layout (`tools.py`), so the reader is a small state machine over the
 answer's text: it decides from the first character whether the answer is text or calls (auto),
-then emits OpenAI's streaming deltas — per call one delta with index, id, type, name and empty
-arguments, then argument fragments — holding back only what may be the closing `}\\n</tool_call>`.
-The non-streaming route feeds the whole text through the same reader.
+then emits each call's start (index, id, name) and its argument fragments, holding back only what may
+be the closing `}\\n</tool_call>`; each API writes them in its own shape (OpenAI's tool_call deltas,
+Anthropic's input_json_delta, the Responses API's function_call_arguments.delta). The non-streaming
+routes feed the whole text through the same reader.
 """
 
 from __future__ import annotations
@@ -22,6 +23,26 @@ _TAIL = "}" + CALL_CLOSE
 
 def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class CallStarted:
+    """A call's head was read: its index in the answer, id and function name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    """The next fragment of a call's arguments (JSON text; all fragments joined are the arguments)."""
+
+    index: int
+    fragment: str
+
+
+CallPiece = CallStarted | CallArguments
 
 
 @dataclass
@@ -50,10 +71,10 @@ class ToolCallReader:
     def is_calls(self) -> bool:
         return self._mode not in ("start", "text")
 
-    def feed(self, piece: str) -> tuple[str, list[dict[str, Any]]]:
-        """(text content to send, tool_call deltas to send) for this piece."""
+    def feed(self, piece: str) -> tuple[str, list[CallPiece]]:
+        """(text content to send, call pieces to send) for this piece."""
         self._buffer += piece
-        deltas: list[dict[str, Any]] = []
+        deltas: list[CallPiece] = []
         while True:
             if self._mode == "start":
                 if not self._buffer:
@@ -79,20 +100,19 @@ class ToolCallReader:
                     continue
                 return "", deltas
 
-    def _read_head(self, deltas: list[dict[str, Any]]) -> bool:
+    def _read_head(self, deltas: list[CallPiece]) -> bool:
         end = self._buffer.find(_ARGS, len(_HEAD))
         if not self._buffer.startswith(_HEAD[: len(self._buffer)]) or len(self._buffer) < len(_HEAD) or end < 0:
             return False  # the head is not complete yet
         name = self._buffer[len(_HEAD) : end]
         call = ToolCall(index=len(self.calls), id=call_id(), name=name)
         self.calls.append(call)
-        deltas.append({"index": call.index, "id": call.id, "type": "function",
-                       "function": {"name": name, "arguments": ""}})
+        deltas.append(CallStarted(call.index, call.id, name))
         self._buffer = self._buffer[end + len(_ARGS) :]
         self._mode = "args"
         return True
 
-    def _read_args(self, deltas: list[dict[str, Any]]) -> bool:
+    def _read_args(self, deltas: list[CallPiece]) -> bool:
         call = self.calls[-1]
         end = self._buffer.find(_TAIL)
         if end >= 0:
@@ -104,10 +124,10 @@ class ToolCallReader:
             fragment, self._buffer = self._buffer[:keep], self._buffer[keep:]
         if fragment:
             call.arguments += fragment
-            deltas.append({"index": call.index, "function": {"arguments": fragment}})
+            deltas.append(CallArguments(call.index, fragment))
         return call.complete
 
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+    def finish(self) -> tuple[str, list[CallPiece]]:
         """The end of the answer: an answer that never became calls is text (e.g. cut by length)."""
         if self._mode in ("start", "head") and not self.calls:
             text, self._buffer = self._buffer, ""

@@ -22,11 +22,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tgictl import __version__
 from tgictl.errors import PayloadTooLargeError, TgictlError
+from tgictl.runtime.router.http.anthropic.routes import anthropic_router
+from tgictl.runtime.router.http.routes_adapters import adapter_router
+from tgictl.runtime.router.http.openai_responses.routes import responses_router
 from tgictl.runtime.router.http.request_spans import RequestSpans
 from tgictl.runtime.router.http.error_shapes import shape_for
 from tgictl.runtime.router.http.responses import error_response
 from tgictl.runtime.router.http.routes_openai import openai_router
 from tgictl.runtime.router.http.routes_tgi import tgi_router
+from tgictl.runtime.router.http.worker_contract import worker_router
 from tgictl.runtime.router.service import RouterService
 
 log = logging.getLogger(__name__)
@@ -144,11 +148,13 @@ def create_app(service: RouterService) -> FastAPI:
     expected = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
 
     async def auth(request: Request) -> None:
-        """The API key on every route that generates or reveals the model (constant-time compare)."""
+        """The API key on every route that generates or reveals the model (constant-time compare), as
+        `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`."""
         if expected is None:
             return
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        anthropic = f"Bearer {request.headers.get('x-api-key', '')}".encode()
+        if not (hmac.compare_digest(given, expected) or hmac.compare_digest(anthropic, expected)):
             raise UnauthorizedError()
 
     app = FastAPI(
@@ -189,6 +195,11 @@ def create_app(service: RouterService) -> FastAPI:
 
     app.include_router(tgi_router(service, auth))
     app.include_router(openai_router(service, auth))
+    app.include_router(anthropic_router(service, auth))
+    app.include_router(responses_router(service, auth))
+    if config.allow_lora_loading:
+        app.include_router(adapter_router(service, auth))
+    app.include_router(worker_router(service, auth))
     app.add_middleware(BodyGuard, limit=config.payload_limit, timeout_s=config.http_body_timeout_s)
     if config.otlp_endpoint is not None:
         app.add_middleware(RequestSpans)
@@ -196,6 +207,6 @@ def create_app(service: RouterService) -> FastAPI:
         CORSMiddleware,
         allow_origins=list(config.cors_allow_origin) or ["*"],
         allow_methods=["GET", "POST"],
-        allow_headers=["content-type", "authorization", "traceparent", "tracestate"],
+        allow_headers=["content-type", "authorization", "x-api-key", "anthropic-version", "traceparent", "tracestate"],
     )
     return app

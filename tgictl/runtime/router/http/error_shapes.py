@@ -2,7 +2,8 @@
 
 TGI's routes answer `{"error": message, "error_type": type}` (TGI's ErrorResponse). OpenAI's routes answer
 `{"error": {"message", "type", "param", "code"}}`, the shape the openai SDK reads its message from (given TGI's
-shape it shows only "Error code: 422"). Every HTTP boundary that turns an error into a body (the exception
+shape it shows only "Error code: 422"). Anthropic's Messages routes answer `{"type": "error", "error": {"type",
+"message"}}`, the anthropic SDK's shape. Every HTTP boundary that turns an error into a body (the exception
 handlers, the body guard, in-band stream errors) asks `shape_for(path)`, so one request never sees two shapes.
 
 Messages are bounded (tgictl.errors.bounded): an error may quote a client's input (a grammar, a prompt), and
@@ -52,8 +53,31 @@ def openai_error_body(err: TgictlError) -> dict[str, Any]:
     }
 
 
+# Anthropic's error types by HTTP status (its API reference, "Errors"); 422 is its invalid request too.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(err: TgictlError) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "error": {"type": _ANTHROPIC_TYPES.get(err.http_status, "api_error"), "message": bounded(err.message)},
+    }
+
+
 # Path prefixes of the APIs that are not TGI's; the longest match wins, everything else is TGI's shape.
-_SHAPES: dict[str, ErrorShape] = {"/v1/": openai_error_body}
+_SHAPES: dict[str, ErrorShape] = {"/v1/": openai_error_body, "/v1/messages": anthropic_error_body}
 
 
 def shape_for(path: str) -> ErrorShape:

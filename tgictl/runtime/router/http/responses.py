@@ -52,6 +52,12 @@ def sse(data: Any) -> str:
     return f"data: {data if isinstance(data, str) else dumps(data)}\n\n"
 
 
+def sse_event(event: str, data: Any) -> str:
+    """One named server-sent event (`event: NAME` then its data), as Anthropic's and the Responses API's
+    streams are framed."""
+    return f"event: {event}\n{sse(data)}"
+
+
 # axum's SSE keep-alive period: the streaming routes send the comment whenever this passes without an
 # event (EventChannel.next's timeout), so proxies see traffic while a request waits in the queue.
 KEEP_ALIVE_S = 15.0

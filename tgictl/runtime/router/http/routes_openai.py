@@ -21,8 +21,8 @@ from tgictl.runtime.router.http.openai_choices import (
     Job,
     OpenAIRun,
 )
-from tgictl.runtime.router.guided.tools import plan_tools
-from tgictl.runtime.router.http.openai_tools import StreamedChoice, final_message, prompt_messages
+from tgictl.runtime.router.http.chat.answer import whole_answer
+from tgictl.runtime.router.http.openai_chat import OPENAI_FINISH, StreamedChoice, chat_message
 from tgictl.runtime.router.http.outcome import OPENAI_FINISH_REASONS, Outcome
 from tgictl.runtime.router.http.schemas_openai import ChatRequest, CompletionRequest
 from tgictl.runtime.router.request import EndEvent, TokenEvent, TokenInfo
@@ -38,17 +38,6 @@ def _openai_logprob(token: TokenInfo, top: Sequence[TokenInfo]) -> dict[str, Any
             {"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode("utf-8"))} for t in top
         ],
     }
-
-
-def continue_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
-    """A conversation ending with an assistant message is continued, not answered (TGI): the
-    rendered prompt stops right after that message's content, without its end-of-turn."""
-    last = messages[-1]
-    content = last.get("content")
-    if last.get("role") != "assistant" or not isinstance(content, str) or not content:
-        return text
-    end = text.rfind(content)
-    return text if end < 0 else text[: end + len(content)].rstrip()
 
 
 def _check_choices(service: RouterService, count: int) -> None:
@@ -70,19 +59,15 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
         if body.n < 1:
             raise ValidationError(f"`n` must be >= 1. Given: {body.n}")
         _check_choices(service, body.n)
-        plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-        grammar = plan.grammar if plan is not None else body.response_grammar()
-        messages, tools = prompt_messages(body.messages, plan, service.tokenizer.template_supports_tools,
-                                          body.tool_prompt)
-        text = continue_final_message(await service.render_chat(messages, tools), messages)
+        turn = await body.chat_turn().prepare(service)
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         jobs = [
-            Job(0, i, body.generation_input(text, max_new_tokens=body.max_new_tokens(), top_n_tokens=top_n,
-                                            choice=i, add_special_tokens=False, grammar=grammar))
+            Job(0, i, body.generation_input(turn.prompt, max_new_tokens=body.max_new_tokens(), top_n_tokens=top_n,
+                                            choice=i, add_special_tokens=False, grammar=turn.grammar))
             for i in range(body.n)
         ]
         run = OpenAIRun(service, "chatcmpl", "chat.completion")
-        streamed = {job.index: StreamedChoice(plan) for job in jobs}
+        streamed = {job.index: StreamedChoice(turn.reader()) for job in jobs}
 
         def logprobs(tokens: Sequence[TokenInfo], tops: Sequence[Sequence[TokenInfo]]) -> dict[str, Any] | None:
             if not body.logprobs:
@@ -90,7 +75,7 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
             return {"content": [_openai_logprob(t, top) for t, top in zip(tokens, tops)]}
 
         def chunk(job: Job, event: TokenEvent | EndEvent) -> dict[str, Any] | None:
-            end = event.finish_reason if isinstance(event, EndEvent) else None
+            end = event if isinstance(event, EndEvent) else None
             delta, reason = streamed[job.index].delta(event.content, end)
             if delta is None:
                 return None
@@ -98,12 +83,12 @@ def openai_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter
                     "finish_reason": reason}
 
         def final(job: Job, outcome: Outcome) -> dict[str, Any]:
-            message, reason = final_message(plan, outcome.end.generated_text, outcome.end.finish_reason)
+            answer = whole_answer(turn.reader(), outcome.contents, outcome.end)
             return {
                 "index": job.index,
-                "message": message,
+                "message": chat_message(answer),
                 "logprobs": logprobs(outcome.tokens, outcome.top_tokens),
-                "finish_reason": reason,
+                "finish_reason": OPENAI_FINISH[answer.finish],
             }
 
         return await run.respond(http, body, jobs, chunk, final, "chat.completion.chunk")

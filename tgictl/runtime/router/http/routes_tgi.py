@@ -35,6 +35,7 @@ from tgictl.runtime.router.http.schemas_tgi import (
     GenerateRequest,
     to_generation_input,
 )
+from tgictl.runtime.router.http.worker_contract import model_card
 from tgictl.runtime.router.metrics import METRICS_CONTENT_TYPE
 from tgictl.runtime.router.request import EndEvent, ErrorEvent, TokenEvent
 from tgictl.runtime.router.scheduling.event_channel import EventChannel
@@ -189,8 +190,10 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
     protected = [Depends(auth)]
 
     @router.post("/generate", dependencies=protected, tags=["Text Generation Inference"])
-    async def generate(body: GenerateRequest, http: Request) -> Response:
-        """Generate tokens."""
+    async def generate(body: CompatGenerateRequest, http: Request) -> Response:
+        """Generate tokens; with `stream: true` (what a gateway's /generate forwards) as /generate_stream."""
+        if body.stream:
+            return _stream(service, body, full_text_default=False)
         return _json(await _generate(service, http, body, full_text_default=False))
 
     @router.post("/generate_stream", dependencies=protected, tags=["Text Generation Inference"])
@@ -242,7 +245,7 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
                 "prefix_caching": service.prefix_caching,
                 "speculate": service.info.speculate,
                 # LoRA adapters a request may name (parameters.adapter_id, OpenAI `model`), in load order.
-                "lora_adapters": list(service.info.adapters),
+                "lora_adapters": list(service.adapters.slots.loaded),
                 "validation_workers": config.validation_workers,
                 "max_client_batch_size": config.max_client_batch_size,
                 "router": "tgictl-router",
@@ -260,11 +263,8 @@ def tgi_router(service: RouterService, auth: Callable[..., Any]) -> APIRouter:
     @router.get("/v1/models", dependencies=protected, tags=["OpenAI"])
     async def models() -> Response:
         """The served model and its LoRA adapters (each a `model` a request may name), OpenAI style."""
-        base = {"id": service.model_id, "object": "model", "created": 0, "owned_by": service.model_id}
-        adapters = [
-            {"id": name, "object": "model", "created": 0, "owned_by": service.model_id, "parent": service.model_id}
-            for name in service.info.adapters
-        ]
+        base = model_card(service, service.model_id)
+        adapters = [model_card(service, name, parent=service.model_id) for name in service.adapters.slots.loaded]
         return TgiJSONResponse({"object": "list", "data": [base, *adapters]})
 
     return router

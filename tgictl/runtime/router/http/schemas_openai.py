@@ -7,14 +7,15 @@ a real presence penalty (TGI maps it to repetition_penalty + 2); temperature 0 m
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tgictl.errors import ToolError, ValidationError
 from tgictl.runtime.router.guided.grammars import GrammarRequest, tgi_grammar
-from tgictl.runtime.router.guided.tools import call_text
+from tgictl.runtime.router.guided.tools import plan_tools
+from tgictl.runtime.router.http.chat.messages import CalledTool, ChatMessage
+from tgictl.runtime.router.http.chat.turn import ChatTurn
 from tgictl.runtime.router.validation import GenerationInput
 
 U64 = 2**64
@@ -41,10 +42,8 @@ class Message(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
-    def template_dict(self, native_tools: bool = False) -> dict[str, Any]:
-        """What the chat template sees (TGI: content flattened to one string). An assistant's tool
-        calls: a template with tool support gets them as `tool_calls` (arguments as objects, as
-        transformers' templates expect); any other sees them written out as the model writes calls."""
+    def to_chat(self) -> ChatMessage:
+        """The neutral message (TGI: content flattened to one string; an image as a markdown link)."""
         if isinstance(self.content, list):
             pieces = []
             for part in self.content:
@@ -55,32 +54,13 @@ class Message(BaseModel):
             content = "".join(pieces)
         else:
             content = self.content or ""
-        calls = [_call(c) for c in self.tool_calls or ()]
-        if calls and not native_tools:
-            written = "\n".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls)
-            content = f"{content}\n{written}" if content else written
-        message: dict[str, Any] = {"role": self.role, "content": content}
-        if self.name is not None:
-            message["name"] = self.name
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        if calls and native_tools:
-            message["tool_calls"] = calls
-        return message
-
-
-def _call(call: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI tool call of a conversation, its arguments parsed (they travel as a JSON string)."""
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ToolError("an assistant message's tool_calls need function.name")
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments else {}
-        except json.JSONDecodeError:
-            raise ToolError(f"tool call {function['name']!r}: arguments are not JSON") from None
-    return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        calls = []
+        for call in self.tool_calls or ():
+            function = call.get("function")
+            if not isinstance(function, dict):
+                raise ToolError("an assistant message's tool_calls need function.name")
+            calls.append(CalledTool.parsed(call.get("id"), function.get("name"), function.get("arguments", {})))
+        return ChatMessage(self.role, content, tuple(calls), self.tool_call_id, self.name)
 
 
 class ResponseFormat(BaseModel):
@@ -198,9 +178,21 @@ class ChatRequest(SamplingFields):
     parallel_tool_calls: bool = True
     tool_prompt: str | None = Field(default=None, description="TGI: the instruction appended with the tools "
                                     "for templates without tool support")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="extension (vLLM's): more "
+                                                        "variables for the chat template, e.g. enable_thinking")
+    max_reasoning_tokens: int | None = Field(default=None, description="extension: the most tokens a reasoning "
+                                             "model may think before its answer")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat_turn(self) -> ChatTurn:
+        plan = plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+        return ChatTurn(
+            messages=tuple(m.to_chat() for m in self.messages), tools=plan,
+            response_grammar=None if plan is not None else self.response_grammar(), tool_prompt=self.tool_prompt,
+            template_kwargs=self.chat_template_kwargs or {}, max_reasoning_tokens=self.max_reasoning_tokens,
+        )
 
     def check_supported(self) -> None:
         if not self.messages:

@@ -94,6 +94,10 @@ class KvAllocator(Protocol):
         actually written (None or empty: never prefilled); only their full blocks may be cached."""
         ...
 
+    def forget(self, namespace: int) -> None:
+        """Drop what is cached under `namespace` (an unloaded LoRA adapter's index): its KV is stale."""
+        ...
+
     def check_integrity(self) -> None:
         """Recompute all bookkeeping from scratch; raise AllocatorIntegrityError on any mismatch."""
         ...
@@ -258,6 +262,9 @@ class BlockAllocator(BlockPool):
         del self._live[allocation.allocation_id]
         self._used -= len(blocks)
         self._free.extend(blocks)
+
+    def forget(self, namespace: int) -> None:
+        """Nothing is cached without prefix caching."""
 
     def check_integrity(self) -> None:
         owners = [("free list", self._free)]

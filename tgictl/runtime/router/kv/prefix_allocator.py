@@ -26,16 +26,19 @@ from tgictl.runtime.router.kv.block_allocator import (
     check_block_ownership,
     check_computed_tokens,
 )
+from tgictl.runtime.router.kv.cache_events import CacheEvents
 from tgictl.runtime.router.kv.radix_trie import RadixTrie, TrieNode
 
 __all__ = ["RadixAllocator", "RadixTrie", "TrieNode", "create_allocator"]
 
 
-def create_allocator(num_blocks: int, block_size: int, prefix_caching: bool) -> KvAllocator:
+def create_allocator(
+    num_blocks: int, block_size: int, prefix_caching: bool, events: CacheEvents | None = None
+) -> KvAllocator:
     """The allocator for the prefix-caching setting. `num_blocks` counts reserved block 0 (TGI:
-    max_batch_total_tokens // block_size)."""
+    max_batch_total_tokens // block_size). `events` hears what the prefix cache stores and evicts."""
     if prefix_caching:
-        return RadixAllocator(num_blocks, block_size)
+        return RadixAllocator(num_blocks, block_size, events)
     return BlockAllocator(num_blocks, block_size)
 
 
@@ -60,8 +63,9 @@ class RadixAllocator(BlockPool):
 
     prefix_caching = True
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, events: CacheEvents | None = None) -> None:
         super().__init__(num_blocks, block_size)
+        self._events = events
         self._trie = RadixTrie(block_size)
         self._live: dict[int, _Live] = {}
         self._suffix_blocks = 0  # blocks owned by allocations outright (not via the trie)
@@ -129,7 +133,10 @@ class RadixAllocator(BlockPool):
             return True
         if short > self._trie.evictable_blocks:
             return False
-        self._free.extend(self._trie.evict(short))
+        evicted = self._trie.evict(short)
+        if self._events is not None:
+            self._events.removed(evicted)
+        self._free.extend(evicted)
         return True
 
     def _live_of(self, allocation: BlockAllocation, call: str) -> _Live:
@@ -163,6 +170,12 @@ class RadixAllocator(BlockPool):
             )
         free.extend(blocks[prefix:present])
         free.extend(blocks[full:])  # partial last block and generated tokens are never cached
+        if self._events is not None and full > present:
+            self._events.stored(live.namespace, computed[: full * bs], blocks[:full], present)
+
+    def forget(self, namespace: int) -> None:
+        """Drop the cached prefixes of `namespace` (an unloaded adapter's): their blocks become free."""
+        self._free.extend(self._trie.drop_namespace(namespace))
 
     def check_integrity(self) -> None:
         trie = self._trie

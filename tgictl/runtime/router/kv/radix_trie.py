@@ -185,6 +185,25 @@ class RadixTrie:
                 self._make_leaf(node)  # keeps its access time, so it stays first in line
         return evicted
 
+    def drop_namespace(self, namespace: int) -> list[int]:
+        """Remove every node of `namespace` (an adapter unloaded, so its cached KV is stale): returns their
+        blocks. Nothing of it may be pinned; namespace 0 (the base model) is never dropped."""
+        root = self._roots.get(namespace)
+        if namespace == 0 or root is None:
+            return []
+        nodes = list(self.nodes_of(root))
+        if any(node.pins_below for node in nodes):
+            raise AllocatorError(f"namespace {namespace} is in use: its cached prefixes cannot be dropped")
+        blocks: list[int] = []
+        for node in nodes:
+            if node.leaf_entry is not None:
+                self._unleaf(node)
+            blocks.extend(node.blocks)
+            node.parent = None
+        self._num_blocks -= len(blocks)
+        del self._roots[namespace]
+        return blocks
+
     def pin(self, node: TrieNode) -> None:
         """Reference `node` for a live allocation: it and its ancestors cannot be evicted."""
         if node.node_id <= 0:  # a root
@@ -224,7 +243,12 @@ class RadixTrie:
 
     def nodes(self) -> Iterator[TrieNode]:
         """Every node except the roots, parents before children."""
-        stack = [child for root in self._roots.values() for child in root.children.values()]
+        for root in list(self._roots.values()):
+            yield from self.nodes_of(root)
+
+    def nodes_of(self, root: TrieNode) -> Iterator[TrieNode]:
+        """Every node under `root`, parents before children."""
+        stack = list(root.children.values())
         while stack:
             node = stack.pop()
             yield node

@@ -9,7 +9,7 @@ named templates where "default" is taken).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -92,17 +92,20 @@ class ChatTemplate:
         return "tools" in self.source
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, extra: Mapping[str, Any] | None = None) -> str:
+        """extra: a request's chat_template_kwargs (e.g. enable_thinking); they cannot replace the variables
+        set here."""
         if self._template is None:
             raise TemplateError(self._compile_error or "the chat template does not compile")
         try:
-            return self._template.render(
-                messages=list(messages),
-                tools=list(tools) if tools else None,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                add_generation_prompt=add_generation_prompt,
-            )
+            return self._template.render({
+                **(extra or {}),
+                "messages": list(messages),
+                "tools": list(tools) if tools else None,
+                "bos_token": self.bos_token or "",
+                "eos_token": self.eos_token or "",
+                "add_generation_prompt": add_generation_prompt,
+            })
         except _TemplateRaised as err:
             raise TemplateError(str(err)) from None
         except jinja2.TemplateError as err:
@@ -155,7 +158,14 @@ class RouterTokenizer:
     def template_supports_tools(self) -> bool:
         return self.chat_template is not None and self.chat_template.supports_tools
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
         if self.chat_template is None:
             raise TemplateError("This model has no chat template")
-        return self.chat_template.render(messages, tools)
+        return self.chat_template.render(messages, tools, extra=extra)
+
+    def single_token(self, text: str) -> int | None:
+        """The id of `text` when the vocabulary has it as one token (a reasoning model's think tags)."""
+        return self.tokenizer.token_to_id(text)

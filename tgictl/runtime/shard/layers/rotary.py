@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from tgictl.errors import ConfigError, InvalidRequestError, UnsupportedModelError
-from tgictl.runtime.shard.model_config import RopeConfig
+from tgictl.runtime.shard.rope_config import RopeConfig
 
 T = TypeVar("T")
 
@@ -131,7 +131,10 @@ class Frequencies:
 
 
 def _default(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
-    return Frequencies(default_inv_freq(rope.theta, dim))
+    inv_freq = default_inv_freq(rope.theta, dim)
+    if rope.frequency_divisors is not None:  # llama.cpp's rope_freqs (a GGUF's Llama 3 scaling)
+        inv_freq = inv_freq / torch.tensor(rope.frequency_divisors, dtype=torch.float32)
+    return Frequencies(inv_freq)
 
 
 def _linear(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
@@ -159,7 +162,7 @@ def _dynamic(rope: RopeConfig, dim: int, max_positions: int) -> Frequencies:
     return Frequencies(None)  # depends on each token's sequence length: dynamic_inv_freq per forward
 
 
-# rope_type -> what it fixes at load. model_config.ROPE_TYPES lists the same names (a test checks).
+# rope_type -> what it fixes at load. rope_config.ROPE_TYPES lists the same names (a test checks).
 ROPE_FREQUENCIES: Mapping[str, Callable[[RopeConfig, int, int], Frequencies]] = MappingProxyType(
     {
         "default": _default,

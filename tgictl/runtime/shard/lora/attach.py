@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 
 from tgictl.runtime.shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tgictl.runtime.shard.lora.adapter_files import LoraAdapter, read_adapter
-from tgictl.runtime.shard.lora.delta import ProjectionPart, build_delta, factor_dtype
+from tgictl.runtime.shard.lora.delta import ProjectionPart, build_delta, factor_dtype, update_delta
 from tgictl.runtime.shard.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,8 @@ def _parts(prefixed: Sequence[tuple[str, int, int]]) -> tuple[int, list[Projecti
     return (layers.pop(), parts) if len(layers) == 1 else None
 
 
-def attach_adapters(model: nn.Module, adapters: Sequence[LoraAdapter], device: torch.device) -> int:
-    """Give the model's targeted linears their deltas; returns the bytes the deltas hold."""
-    total = 0
+def _lora_linears(model: nn.Module) -> Iterator[tuple[ColumnParallelLinear | RowParallelLinear, int, list[ProjectionPart], bool]]:
+    """Every linear LoRA may target: (module, layer, its parts, whether its inputs are split)."""
     for module in model.modules():
         if isinstance(module, ColumnParallelLinear):
             found, split_inputs = _parts(module.parts), False
@@ -55,9 +54,14 @@ def attach_adapters(model: nn.Module, adapters: Sequence[LoraAdapter], device: t
             found, split_inputs = _parts([module.columns]), True
         else:
             continue
-        if found is None:
-            continue
-        layer, parts = found
+        if found is not None:
+            yield module, found[0], found[1], split_inputs
+
+
+def attach_adapters(model: nn.Module, adapters: Sequence[LoraAdapter], device: torch.device) -> int:
+    """Give the model's targeted linears their deltas; returns the bytes the deltas hold."""
+    total = 0
+    for module, layer, parts, split_inputs in _lora_linears(model):
         delta = build_delta(adapters, layer, parts, split_inputs=split_inputs, device=device)
         if delta is not None:
             module.lora = delta
@@ -67,4 +71,18 @@ def attach_adapters(model: nn.Module, adapters: Sequence[LoraAdapter], device: t
             "LoRA adapters %s: %.1f MiB of factors as stored, %.1f MiB stacked on this rank",
             ", ".join(a.name for a in adapters), sum(a.num_bytes for a in adapters) / 2**20, total / 2**20,
         )
+    return total
+
+
+def set_adapter_slot(
+    model: nn.Module, slots: int, slot: int, adapter: LoraAdapter | None, device: torch.device
+) -> int:
+    """Put `adapter` in slot `slot` (0-based; None empties it) of every linear, whose stacks become `slots`
+    deep (an adapter loaded while serving: runtime.py). Returns the bytes every delta then holds."""
+    total = 0
+    for module, layer, parts, split_inputs in _lora_linears(model):
+        delta = update_delta(module.lora, slots, slot, adapter, layer, parts, split_inputs=split_inputs, device=device)
+        if delta is not None:
+            module.lora = delta
+            total += delta.num_bytes
     return total

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -17,29 +17,23 @@ from tgictl.kernels.prepacked import can_prepack, prepack_weights
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.layers.embedding import ParallelLMHead
+from tgictl.runtime.shard.layers.moe import Experts
+from tgictl.runtime.shard.families import FAMILIES, supported_model_types
 from tgictl.runtime.shard.model_config import ModelConfig
 from tgictl.runtime.shard.models.base import CausalLM
-from tgictl.runtime.shard.models.llama import LlamaForCausalLM, MistralForCausalLM
-from tgictl.runtime.shard.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
+from tgictl.runtime.shard.models.decoder import DecoderForCausalLM
 from tgictl.runtime.shard.weights import Weights
 
 logger = logging.getLogger(__name__)
 
-MODEL_FAMILIES: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
-    {
-        "llama": LlamaForCausalLM,
-        "mistral": MistralForCausalLM,
-        "qwen2": Qwen2ForCausalLM,
-        "qwen3": Qwen3ForCausalLM,
-    }
-)
+# The model class of every family of families.FAMILIES (the one list of families; a test holds the two to the
+# same names). Every family shares one class: what differs is data (FamilySpec; the experts of an MoE
+# family: ModelConfig.moe).
+ModelClass = Callable[..., CausalLM]  # (config, weights, *, dtype, device, dist) -> the loaded model
+MODEL_FAMILIES: Mapping[str, ModelClass] = MappingProxyType(dict.fromkeys(FAMILIES, DecoderForCausalLM))
 
 
-def supported_model_types() -> list[str]:
-    return sorted(MODEL_FAMILIES)
-
-
-def model_class(model_type: str) -> type[LlamaForCausalLM]:
+def model_class(model_type: str) -> ModelClass:
     try:
         return MODEL_FAMILIES[model_type]
     except KeyError:
@@ -80,10 +74,13 @@ def packing_candidates(model: nn.Module) -> list[LinearWeight]:
     """The weights held a second time for oneDNN (kernels/prepacked.py): every dense bf16 weight, and the LM
     head in any other format (GGUF's Q8_0, --quantize's int8 vocabulary): the largest matmul, whose quantized
     kernels take 5-10x oneDNN's time at 16-32 rows. Quantized projections stay as they are (a bf16 copy
-    would undo their format's memory saving)."""
+    would undo their format's memory saving), and so do MoE experts: they are most of such a model's bytes, and a
+    decode step gives each a few rows, which the C kernels serve from the weights as stored."""
+    experts = {id(w) for module in model.modules() if isinstance(module, Experts)
+               for w in (*module.gate_up, *module.down)}
     found: dict[int, LinearWeight] = {}
     for module in model.modules():
-        if isinstance(module, DenseWeight) and can_prepack(module.weight):
+        if isinstance(module, DenseWeight) and can_prepack(module.weight) and id(module) not in experts:
             found[id(module)] = module
         elif isinstance(module, ParallelLMHead) and module.weight.dtype == torch.bfloat16:
             found[id(module.weight)] = module.weight

@@ -1,5 +1,5 @@
-"""Reading calls out of an answer: the same calls however the text is split into pieces, OpenAI's
-delta shape, and text answers."""
+"""Reading calls out of an answer: the same calls however the text is split into pieces, each call's
+start then its argument fragments, and text answers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tgictl.runtime.router.guided.tool_calls import ToolCallReader, read_calls
+from tgictl.runtime.router.guided.tool_calls import CallArguments, CallStarted, ToolCallReader, read_calls
 from tgictl.runtime.router.guided.tools import call_text
 
 CALLS = [("get_weather", {"city": "Paris", "note": "}\\n</tool_call> inside a string"}), ("ping", {})]
@@ -34,15 +34,15 @@ def test_streamed_deltas_reassemble_whatever_the_pieces(cuts: list[int]) -> None
         assert text == ""
         deltas.extend(new)
     assert reader.finish() == ("", [])
-    heads = [d for d in deltas if "id" in d]
-    # OpenAI's shape: per call one head (index, id, type, name, empty arguments), then fragments.
-    assert [(h["index"], h["type"], h["function"]) for h in heads] == [
-        (0, "function", {"name": "get_weather", "arguments": ""}), (1, "function", {"name": "ping", "arguments": ""})]
+    heads = [d for d in deltas if isinstance(d, CallStarted)]
+    # Per call one start (index, id, name) before any of its argument fragments.
+    assert [(h.index, h.name) for h in heads] == [(0, "get_weather"), (1, "ping")]
+    assert all(h.id.startswith("call_") for h in heads)
     arguments = ["", ""]
     for d in deltas:
-        if "id" not in d:
-            assert set(d) == {"index", "function"} and set(d["function"]) == {"arguments"}
-            arguments[d["index"]] += d["function"]["arguments"]
+        if isinstance(d, CallArguments):
+            assert any(h.index == d.index for h in heads[: d.index + 1])
+            arguments[d.index] += d.fragment
     assert [json.loads(a) for a in arguments] == [args for _, args in CALLS]
 
 

@@ -99,16 +99,16 @@ def test_chat_messages_flatten_for_the_template() -> None:
     message = Message.model_validate({"role": "user", "content": [
         {"type": "text", "text": "look: "}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
     ]})
-    assert message.template_dict() == {"role": "user", "content": "look: ![](http://x/a.png)"}
+    assert message.to_chat().template_dict(False) == {"role": "user", "content": "look: ![](http://x/a.png)"}
     calls = [{"id": "0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
-    tool = Message.model_validate({"role": "assistant", "tool_calls": calls})
+    tool = Message.model_validate({"role": "assistant", "tool_calls": calls}).to_chat()
     # A template without tool support sees the call as the model writes calls ...
-    assert tool.template_dict()["content"] == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
-    assert "tool_calls" not in tool.template_dict()
+    assert tool.template_dict(False)["content"] == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    assert "tool_calls" not in tool.template_dict(False)
     # ... one with tool support gets the calls, arguments parsed, as transformers' templates expect.
     native = tool.template_dict(native_tools=True)
     assert native["content"] == "" and native["tool_calls"][0]["function"]["arguments"] == {"a": 1}
-    result = Message.model_validate({"role": "tool", "content": "22C", "tool_call_id": "0"}).template_dict()
+    result = Message.model_validate({"role": "tool", "content": "22C", "tool_call_id": "0"}).to_chat().template_dict(False)
     assert result == {"role": "tool", "content": "22C", "tool_call_id": "0"}
 
 

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tgictl.errors import TemplateError
-from tgictl.runtime.router.text.tokenizer import RouterTokenizer
+from tgictl.runtime.router.text.tokenizer import ChatTemplate, RouterTokenizer
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -66,3 +66,10 @@ def test_the_sandbox_refuses_attribute_escapes(tiny_model_dir: Path, tmp_path: P
     )
     with pytest.raises(TemplateError):
         RouterTokenizer(evil).apply_chat_template(MESSAGES)
+
+
+def test_template_kwargs_reach_the_template_but_never_replace_its_variables() -> None:
+    template = ChatTemplate("{{ greeting }} {{ messages | length }}{% if add_generation_prompt %}!{% endif %}", None, None)
+    messages = [{"role": "user", "content": "hi"}]
+    assert template.render(messages, extra={"greeting": "hello"}) == "hello 1!"
+    assert template.render(messages, extra={"messages": [], "add_generation_prompt": False}) == " 1!"
