@@ -27,6 +27,7 @@ from tgictl.proto.messages import (
 from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
 from tgictl.runtime.router.request import (
     EndEvent,
+    ErrorEvent,
     StreamEvent,
     TokenEvent,
     ValidatedRequest,
@@ -258,6 +259,33 @@ def test_a_priority_request_runs_first_and_preempts_lower_priorities(shard: Shar
     )
     assert together == alone
     assert order[0] == 4 and preemptions > 0
+
+
+def test_a_request_that_can_never_fit_is_refused_while_the_others_finish(
+    shard: ShardProc, tiny_model_dir: Path
+) -> None:
+    """A KV budget of 8 blocks (7 usable: 112 tokens). A request of 100 + 30 tokens could never be held, even by
+    an empty cache, so it fails at once with a 422 instead of waiting (or preempting others) forever; requests
+    that fit, sent with it, finish with their outputs alone, and every block comes back."""
+    too_big = greedy(tuple(range(10, 110)), 30)
+    fitting = [greedy(p, 20) for p in prompts(3)]
+
+    async def scenario(stack: Stack) -> tuple[list[StreamEvent], list[list[int]], list[list[int]]]:
+        alone = [await tokens(stack, r) for r in fitting]
+        refused_task = asyncio.create_task(_all_events(stack, too_big))
+        together = await asyncio.gather(*(tokens(stack, r) for r in fitting))
+        refused = await refused_task
+        stack.no_leak()
+        return refused, alone, list(together)
+
+    refused, alone, together = run(shard, tiny_model_dir, scenario, num_blocks=8)
+    assert isinstance(refused[-1], ErrorEvent) and refused[-1].error.http_status == 422
+    assert "needs 129 KV slots" in str(refused[-1].error)
+    assert together == alone
+
+
+async def _all_events(stack: Stack, request: ValidatedRequest) -> list[StreamEvent]:
+    return [e async for e in events(stack.batcher.submit([request]))]
 
 
 def test_importing_the_router_never_imports_torch() -> None:
