@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import pytest
 from shard_procs import BLOCK_SIZE, REPO_ROOT, ShardProc, start_shard, warmup_batch
 from tokenizers import Tokenizer
 
+from tests.integration.test_http_tgi import greedy as greedy_oracle
 from tgictl.config import SchedulingPolicy
 from tgictl.proto.messages import (
     Batch,
@@ -37,6 +38,7 @@ from tgictl.runtime.router.scheduling.queue import Queue
 from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import events
 from tgictl.runtime.router.shard_client import ShardedClient
+from tgictl.testing.tiny_models import window_options
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,8 @@ class RecordingClient:
         self.inner = inner
         self.prefills: list[Batch] = []
         self.grants = 0  # BlockGrants sent: blocks handed to running requests as they grew
+        self.allocator: RadixAllocator | None = None  # when set, its used blocks at every Decode
+        self.used_blocks: list[int] = []
 
     async def prefill(
         self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
@@ -70,6 +74,8 @@ class RecordingClient:
         self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
     ) -> StepResult:
         self.grants += len(grants)
+        if self.allocator is not None:
+            self.used_blocks.append(self.allocator.used_blocks)
         return await self.inner.decode(batches, steps, grants)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
@@ -92,7 +98,7 @@ class Stack:
 
 async def make_stack(
     socket_path: Path, tokenizer_dir: Path, prefill_tokens: int = 512, num_blocks: int = 512, decode_steps: int = 1,
-    policy: SchedulingPolicy = SchedulingPolicy.FCFS,
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS, release_window: int | None = None,
 ) -> Stack:
     """`num_blocks`: the router's KV budget (at most what the shard holds), reserved block 0 included."""
     inner = await ShardedClient.connect(str(socket_path))
@@ -105,8 +111,10 @@ async def make_stack(
     client = RecordingClient(inner)
     batcher = Batcher(
         client, Queue(allocator, block_size=BLOCK_SIZE, policy=policy), allocator, texts,
-        BatcherConfig(max_batch_prefill_tokens=prefill_tokens, decode_steps=decode_steps),
+        BatcherConfig(max_batch_prefill_tokens=prefill_tokens, decode_steps=decode_steps,
+                      release_window=release_window),
     )
+    client.allocator = allocator
     return Stack(client, allocator, batcher)
 
 
@@ -286,6 +294,59 @@ def test_a_request_that_can_never_fit_is_refused_while_the_others_finish(
 
 async def _all_events(stack: Stack, request: ValidatedRequest) -> list[StreamEvent]:
     return [e async for e in events(stack.batcher.submit([request]))]
+
+
+WINDOW = 8
+
+
+@pytest.fixture(scope="module")
+def windowed_model_dir(make_tiny_model: Callable[..., Path]) -> Path:
+    return make_tiny_model("mistral", **window_options("mistral", WINDOW))  # every layer windowed
+
+
+@pytest.fixture(scope="module")
+def windowed_shard(windowed_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardProc]:
+    base = tmp_path_factory.mktemp("router-core-window")
+    proc = start_shard(windowed_model_dir, base / "s", base / "shard.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.kill()
+
+
+def test_blocks_behind_every_layers_window_go_back_and_outputs_equal_transformers(
+    windowed_shard: ShardProc, windowed_model_dir: Path
+) -> None:
+    """Mistral with a window of 8 on every layer: a decoding request holds only the blocks of its window (and
+    a margin), not its whole sequence; greedy float32 tokens of prompts and generations far longer than the
+    window equal transformers', alone and six at once on a cache so small that some are preempted and
+    recompute; a sequence that gave blocks back is not published to the prefix cache, so the same prompt
+    again is computed whole; every block comes back."""
+    prompt_list = [tuple(5 + (i * 13 + j * 7) % 300 for j in range(20 + 4 * i)) for i in range(6)]
+    new_tokens = 70
+    expected = [greedy_oracle(windowed_model_dir, list(p), new_tokens) for p in prompt_list]
+
+    async def scenario(stack: Stack) -> tuple[list[int], list[int], list[list[int]], list[int], int]:
+        first = await tokens(stack, greedy(prompt_list[0], new_tokens))
+        alone_peak = max(stack.client.used_blocks)
+        again = await tokens(stack, greedy(prompt_list[0], new_tokens))
+        together = await asyncio.gather(*(tokens(stack, greedy(p, new_tokens)) for p in prompt_list))
+        stack.no_leak()
+        assert stack.allocator.cached_blocks == 0  # nothing of a released sequence was published
+        cache_lens = [r.requests[0].cache_len for r in stack.client.prefills[:2]]
+        return first, again, list(together), cache_lens + [alone_peak], stack.batcher.scheduler.preemptions
+
+    first, again, together, figures, preemptions = run(
+        windowed_shard, windowed_model_dir, scenario, num_blocks=9, decode_steps=4, release_window=WINDOW
+    )
+    assert first == again == expected[0]
+    assert together == expected
+    cache_lens, alone_peak = figures[:2], figures[2]
+    assert cache_lens == [0, 0]
+    # 20 + 70 positions would be 6 blocks of 16; behind a window of 8 it never holds more than 4.
+    assert alone_peak <= 4
+    assert preemptions > 0
 
 
 def test_importing_the_router_never_imports_torch() -> None:

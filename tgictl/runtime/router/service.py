@@ -41,6 +41,7 @@ from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
 from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
 from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.runtime.router.scheduling.scheduler import release_window
 from tgictl.runtime.router.text.reasoning import REASONING_FORMATS
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.traced_client import TracedClient
@@ -175,6 +176,7 @@ class RouterService:
                 decode_steps=config.decode_steps,
                 decode_call_ns=round(config.decode_call_ms * 1e6),
                 speculate=info.speculate,
+                release_window=release_window(info.layer_windows),
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )

@@ -6,9 +6,10 @@ gets its prompt's blocks here when the queue admits it, and more (`grow`) as it 
 it crosses into one (docs/architecture.md, "Memory model"). Block 0 is reserved for health probes and
 never handed out. A slot is `block * block_size + offset`, so the shard derives slots from blocks.
 
-An allocation's blocks are in sequence order and only ever grow at the end. (Sliding-window layers could
-later free its leading blocks once every local layer has left them behind: an allocation would then
-hold a window of its sequence, its ownership as here.)
+An allocation's blocks are in sequence order and only ever grow at the end. When every layer of the model
+attends through a sliding window, `release` gives back its leading blocks once every layer has left them
+behind (docs/scheduling.md, "Sliding windows"): the ids stay in `blocks` so that block i still holds
+positions i * block_size .., but the allocation no longer owns them and publishes nothing at `free`.
 
 Allocators are not thread-safe: the batcher owns one and calls it from a single task.
 """
@@ -33,6 +34,9 @@ class BlockAllocation:
     # Leading prompt tokens whose KV is already in `blocks` (a multiple of block_size; 0 without
     # prefix caching). May equal the prompt length: the queue reduces it by one, not the allocator.
     prefix_len: int
+    # blocks[:released] are not this allocation's any more (`release`): behind every layer's sliding window.
+    # Cached prefix blocks among them stay the prefix cache's (pinned until `free`).
+    released: int = 0
 
 
 @runtime_checkable
@@ -87,6 +91,12 @@ class KvAllocator(Protocol):
         """`allocation` extended with blocks at its end to cover `tokens` KV entries (itself when it
         already does); None when those blocks are not free or evictable (then nothing changed: the
         caller preempts someone or waits)."""
+        ...
+
+    def release(self, allocation: BlockAllocation, blocks: int) -> BlockAllocation:
+        """`allocation` without its first `blocks` blocks (those it owns go back to the free list; itself when
+        it released as many already): positions no layer will read again. Once it released any, `free`
+        publishes nothing, since the prefix cache only holds whole sequences from their first token."""
         ...
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
@@ -144,6 +154,14 @@ def check_computed_tokens(
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+def check_release(allocation: BlockAllocation, blocks: int) -> None:
+    if not 0 <= blocks < len(allocation.blocks):
+        raise AllocatorError(
+            f"release: allocation {allocation.allocation_id} can give back 0 .. {len(allocation.blocks) - 1} "
+            f"leading blocks (it keeps its last), got {blocks}"
+        )
 
 
 def check_block_ownership(
@@ -207,7 +225,7 @@ class BlockAllocator(BlockPool):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self._live: dict[int, tuple[int, ...]] = {}  # allocation id -> its blocks
+        self._live: dict[int, tuple[tuple[int, ...], int]] = {}  # allocation id -> (its blocks, released)
         self._used = 0
         self._next_id = 1
 
@@ -233,7 +251,7 @@ class BlockAllocator(BlockPool):
         blocks = self._take(need)
         allocation_id = self._next_id
         self._next_id += 1
-        self._live[allocation_id] = blocks
+        self._live[allocation_id] = (blocks, 0)
         self._used += need
         return BlockAllocation(allocation_id, blocks, tokens, prefix_len=0)
 
@@ -245,19 +263,29 @@ class BlockAllocator(BlockPool):
         if need > len(self._free):
             return None
         blocks = allocation.blocks + self._take(need)
-        self._live[allocation.allocation_id] = blocks
+        self._live[allocation.allocation_id] = (blocks, allocation.released)
         self._used += need
         return replace(allocation, blocks=blocks, tokens=tokens)
 
+    def release(self, allocation: BlockAllocation, blocks: int) -> BlockAllocation:
+        self._check_live(allocation, "release")
+        check_release(allocation, blocks)
+        if blocks <= allocation.released:
+            return allocation
+        self._free.extend(allocation.blocks[allocation.released : blocks])
+        self._used -= blocks - allocation.released
+        self._live[allocation.allocation_id] = (allocation.blocks, blocks)
+        return replace(allocation, released=blocks)
+
     def _check_live(self, allocation: BlockAllocation, call: str) -> None:
-        if self._live.get(allocation.allocation_id) != allocation.blocks:
+        if self._live.get(allocation.allocation_id) != (allocation.blocks, allocation.released):
             raise AllocatorError(
                 f"{call}: allocation {allocation.allocation_id} is not live (double free, stale or foreign)"
             )
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
         self._check_live(allocation, "free")
-        blocks = allocation.blocks
+        blocks = allocation.blocks[allocation.released :]
         check_computed_tokens(allocation, tuple(computed_tokens or ()), None, self._block_size)
         del self._live[allocation.allocation_id]
         self._used -= len(blocks)
@@ -268,9 +296,9 @@ class BlockAllocator(BlockPool):
 
     def check_integrity(self) -> None:
         owners = [("free list", self._free)]
-        owners += [(f"allocation {aid}", blocks) for aid, blocks in self._live.items()]
+        owners += [(f"allocation {aid}", blocks[released:]) for aid, (blocks, released) in self._live.items()]
         check_block_ownership(self._num_blocks, owners)
-        used = sum(len(blocks) for blocks in self._live.values())
+        used = sum(len(blocks) - released for blocks, released in self._live.values())
         if used != self._used:
             raise AllocatorIntegrityError(f"used_blocks is {self._used}, allocations hold {used}")
         if self._used + len(self._free) != self.total_blocks:

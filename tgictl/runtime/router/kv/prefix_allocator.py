@@ -8,7 +8,8 @@ tokens the caller says were computed (docs/architecture.md, "Decisions": Publish
 returns everything else to the free list.
 
 Block ownership at any time: free list | trie node (cached, maybe pinned) | allocation suffix
-(the blocks after its cached prefix). Exactly one owner per block; check_integrity proves it.
+(the blocks after its cached prefix and after those it released behind a sliding window). Exactly one owner
+per block; check_integrity proves it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tgictl.runtime.router.kv.block_allocator import (
     check_allocate_args,
     check_block_ownership,
     check_computed_tokens,
+    check_release,
 )
 from tgictl.runtime.router.kv.cache_events import CacheEvents
 from tgictl.runtime.router.kv.radix_trie import RadixTrie, TrieNode
@@ -45,7 +47,7 @@ def create_allocator(
 class _Live:
     """What free() needs to know about a live allocation."""
 
-    __slots__ = ("node", "prefix_blocks", "prompt", "blocks", "namespace")
+    __slots__ = ("node", "prefix_blocks", "prompt", "blocks", "namespace", "released")
 
     def __init__(
         self, node: TrieNode, prefix_blocks: int, prompt: tuple[int, ...] | None,
@@ -56,6 +58,11 @@ class _Live:
         self.prompt = prompt  # the prefill key, None when the caller skipped the cache
         self.blocks = blocks
         self.namespace = namespace  # the trie root it was looked up and is published under
+        self.released = 0  # blocks[:released] given back (release): it owns blocks[max(prefix, released):]
+
+    @property
+    def owned_from(self) -> int:
+        return max(self.prefix_blocks, self.released)
 
 
 class RadixAllocator(BlockPool):
@@ -124,6 +131,18 @@ class RadixAllocator(BlockPool):
         self._suffix_blocks += need
         return replace(allocation, blocks=live.blocks, tokens=tokens)
 
+    def release(self, allocation: BlockAllocation, blocks: int) -> BlockAllocation:
+        live = self._live_of(allocation, "release")
+        check_release(allocation, blocks)
+        if blocks <= live.released:
+            return allocation
+        start = live.owned_from
+        live.released = blocks
+        given = allocation.blocks[start : live.owned_from]  # cached prefix blocks stay the trie's, pinned
+        self._free.extend(given)
+        self._suffix_blocks -= len(given)
+        return replace(allocation, released=blocks)
+
     def _reclaim(self, need: int) -> bool:
         """Make `need` blocks free, evicting least recently used cached prefixes if the free list is short;
         False (nothing evicted) when even the whole evictable cache would not do. Unlike TGI, evict only
@@ -141,7 +160,7 @@ class RadixAllocator(BlockPool):
 
     def _live_of(self, allocation: BlockAllocation, call: str) -> _Live:
         live = self._live.get(allocation.allocation_id)
-        if live is None or live.blocks != allocation.blocks:
+        if live is None or live.blocks != allocation.blocks or live.released != allocation.released:
             raise AllocatorError(
                 f"{call}: allocation {allocation.allocation_id} is not live (double free, stale or foreign)"
             )
@@ -155,10 +174,10 @@ class RadixAllocator(BlockPool):
         trie, bs, blocks, free = self._trie, self._block_size, live.blocks, self._free
         trie.unpin(live.node)
         prefix = live.prefix_blocks
-        self._suffix_blocks -= len(blocks) - prefix
+        self._suffix_blocks -= len(blocks) - live.owned_from
         full = len(computed) // bs  # only whole blocks can be looked up later
-        if full <= prefix:
-            free.extend(blocks[prefix:])
+        if full <= prefix or live.owned_from > prefix:  # released blocks broke the chain from the first token
+            free.extend(blocks[live.owned_from :])
             return
         # Nothing ran between unpin and insert, so the trie still holds our prefix and
         # `present` covers it; blocks in [prefix, present) were published meanwhile by an
@@ -185,8 +204,8 @@ class RadixAllocator(BlockPool):
         pins: dict[int, int] = {}
         suffix = 0
         for aid, live in self._live.items():
-            owners.append((f"allocation {aid}", live.blocks[live.prefix_blocks :]))
-            suffix += len(live.blocks) - live.prefix_blocks
+            owners.append((f"allocation {aid}", live.blocks[live.owned_from :]))
+            suffix += len(live.blocks) - live.owned_from
             path = trie.path_blocks(live.node)
             if list(live.blocks[: live.prefix_blocks]) != path[: live.prefix_blocks]:
                 raise AllocatorIntegrityError(

@@ -126,6 +126,11 @@ class Entry:
         return self.round.input_length + self._round_tokens
 
     @property
+    def written_len(self) -> int:
+        """KV positions a step has written so far: the next forward's first query is at this position."""
+        return self.context_len - self._unwritten
+
+    @property
     def max_context_len(self) -> int:
         """The most KV positions the round ever writes: its prompt and all its tokens but the last."""
         return self.round.input_length + self.round.max_new_tokens - 1

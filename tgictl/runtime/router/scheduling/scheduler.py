@@ -38,11 +38,23 @@ log = logging.getLogger(__name__)
 ADMISSION_WATERMARK = 0.01
 
 
+def release_window(layer_windows: Sequence[int]) -> int | None:
+    """The window blocks may be released behind (Info.layer_windows: 0 is a layer without one): the narrowest,
+    when every layer has one. A model with any global layer needs every position, so the shared paged cache
+    (one block holds a position for all layers) can free nothing; None."""
+    if not layer_windows or min(layer_windows) == 0:
+        return None
+    return min(layer_windows)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch_prefill_tokens: int
     max_batch_size: int | None = None
     speculate: int = 0  # draft tokens a decoding row may verify per step (Info.speculate): blocks ahead for them
+    # The narrowest sliding window when EVERY layer has one (Info.layer_windows), else None: a decoding
+    # request's blocks that all layers have left behind go back to the pool (`_release_behind_window`).
+    release_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,7 @@ class Scheduler:
         self.queue.drop_cancelled()
         lengths = {rid: len(entry.allocation.blocks) for rid, entry in self.running.items() if entry.allocation}
         preempted: list[int] = []
+        self._release_behind_window()
         self._secure_running(preempted)
         # After a preemption the cache is full: admitting now (the preempted request first) would only
         # preempt again at the next step (vLLM skips the waiting queue then too).
@@ -106,6 +119,24 @@ class Scheduler:
         for entry in sorted(self.running.values(), key=self.queue.rank):
             while entry.status is RequestStatus.RUNNING and not self._grow(entry, entry.context_len):
                 self._preempt(max(self.running.values(), key=self.queue.rank), preempted)
+
+    def _release_behind_window(self) -> None:
+        """When every layer attends through a sliding window of at least `release_window` positions, a query at
+        position q reads keys from q - window + 1 on: the blocks wholly before the next forward's first query's
+        window, less one block of margin, are read by no layer again. Only decoding requests (their prompt is
+        in); a request that released blocks publishes nothing to the prefix cache (a continuation or a
+        resumed request recomputes), see kv/block_allocator.py."""
+        window = self._config.release_window
+        if window is None:
+            return
+        block_size = self._allocator.block_size
+        for entry in self.running.values():
+            if entry.allocation is None or not entry.prompt_computed:
+                continue
+            behind = (entry.written_len - window) // block_size - 1  # whole blocks before the window, less one
+            behind = min(behind, len(entry.allocation.blocks) - 1)
+            if behind > entry.allocation.released:
+                entry.allocation = self._allocator.release(entry.allocation, behind)
 
     def _admit(self, batch: CachedBatch | None, preempted: list[int]) -> NextBatch | None:
         config = self._config
