@@ -5,7 +5,7 @@ prompts' blocks, grow, run out, get preempted and resume; the clients see only t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -13,6 +13,8 @@ import openai
 import pytest
 
 from tests.integration.http_stack import Stack, http_stack
+from tests.integration.test_http_tgi import greedy as greedy_oracle
+from tgictl.testing.tiny_models import window_options
 
 # 20 blocks of 16 (19 usable: 304 KV tokens); one request holds at most 200 (input + max_new_tokens).
 ROUTER_ARGS = ("--max-batch-total-tokens", "320", "--max-total-tokens", "200", "--max-input-tokens", "100",
@@ -74,3 +76,33 @@ def test_input_and_max_new_tokens_over_max_total_tokens_is_still_a_422(stack: St
         stack.openai().completions.create(model="tgi", prompt=PROMPTS[0], max_tokens=199)
     ok = httpx.post(f"{stack.url}/generate", json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 3}})
     assert ok.status_code == 200
+
+
+def test_a_model_windowed_on_every_layer_holds_only_its_window_and_answers_as_transformers(
+    make_tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Mistral with a window of 8 on every layer (Info.layer_windows reaches the router): while a prompt generates
+    150 tokens (10 or more blocks of 16 without release), /metrics never shows it holding more than 4 blocks;
+    its greedy float32 tokens equal transformers'."""
+    model_dir = make_tiny_model("mistral", **window_options("mistral", 8))
+    prompt = " ".join(f"word{j % 9}" for j in range(12))
+    with http_stack(model_dir, tmp_path) as running:
+        total = metric(httpx.get(f"{running.url}/metrics").text, "tgictl_kv_blocks_total")
+        prompt_ids = [t["id"] for t in httpx.post(f"{running.url}/tokenize", json={"inputs": prompt}).json()]
+        assert len(prompt_ids) > 8  # past the window already
+
+        async def scenario() -> tuple[list[int], list[float]]:
+            held: list[float] = []
+            async with httpx.AsyncClient(base_url=running.url, timeout=300) as http:
+                reply = asyncio.create_task(http.post("/generate", json={"inputs": prompt, "parameters": {
+                    "max_new_tokens": 150, "ignore_eos": True, "details": True}}))
+                while not reply.done():
+                    text = (await http.get("/metrics")).text
+                    held.append(total - metric(text, "tgictl_kv_blocks_free") - metric(text, "tgictl_kv_blocks_cached"))
+                    await asyncio.sleep(0.01)
+                body = (await reply).json()
+            return [t["id"] for t in body["details"]["tokens"]], held
+
+        generated, held = asyncio.run(scenario())
+    assert generated == greedy_oracle(model_dir, prompt_ids, 150)
+    assert max(held) > 0 and max(held) <= 4
