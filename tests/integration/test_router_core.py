@@ -41,15 +41,19 @@ from tgictl.runtime.router.shard_client import ShardedClient
 from tgictl.testing.tiny_models import window_options
 
 
-@pytest.fixture(scope="module")
-def shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardProc]:
-    base = tmp_path_factory.mktemp("router-core")
-    proc = start_shard(tiny_model_dir, base / "s", base / "shard.log")
+def serve(model_dir: Path, base: Path) -> Iterator[ShardProc]:
+    """A shard process on `model_dir` for the module's tests, killed after them."""
+    proc = start_shard(model_dir, base / "s", base / "shard.log")
     try:
         proc.wait_ready()
         yield proc
     finally:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def shard(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardProc]:
+    yield from serve(tiny_model_dir, tmp_path_factory.mktemp("router-core"))
 
 
 class RecordingClient:
@@ -306,13 +310,7 @@ def windowed_model_dir(make_tiny_model: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def windowed_shard(windowed_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardProc]:
-    base = tmp_path_factory.mktemp("router-core-window")
-    proc = start_shard(windowed_model_dir, base / "s", base / "shard.log")
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.kill()
+    yield from serve(windowed_model_dir, tmp_path_factory.mktemp("router-core-window"))
 
 
 def test_blocks_behind_every_layers_window_go_back_and_outputs_equal_transformers(
