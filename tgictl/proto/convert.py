@@ -1,8 +1,8 @@
 """The one place that turns `tgictl.proto.messages` dataclasses into protobuf messages and back.
 
-Router and shard both convert here, so the wire format has a single definition on each side of every
-field (docs/architecture.md, "Decisions": TGI's proto shape). Every function is plain attribute access, no reflection: Prefill and Decode
-responses are converted once per step with up to a few hundred generations.
+Router and shard both convert here, so the wire format has a single definition on each side of every field
+(docs/architecture.md, "Decisions": TGI's proto shape). The per-step messages are plain attribute access, no
+reflection (a step converts up to a few hundred generations); start-up ones (Info, Warmup) copy by field name.
 
 `*_from_pb` functions check only what the conversion itself needs (required sub-messages present,
 redundant sizes consistent, enum values known, ids and logprobs of equal length) and raise
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
@@ -373,23 +373,13 @@ def block_grant_from_pb(m: pb.BlockGrant) -> BlockGrant:
     return BlockGrant(request_id=m.request_id, blocks=tuple(m.blocks))
 
 
-def _fill_grants(dst: Any, grants: Sequence[BlockGrant]) -> None:
-    add = dst.add
-    for grant in grants:
-        add(request_id=grant.request_id, blocks=grant.blocks)
-
-
-def _grants_from_pb(grants: Any) -> tuple[BlockGrant, ...]:
-    return tuple(block_grant_from_pb(g) for g in grants)
-
-
 def prefill_request_to_pb(r: PrefillRequest) -> pb.PrefillRequest:
     m = pb.PrefillRequest(batch=batch_to_pb(r.batch))
     if r.cached_batch is not None:
         _fill_cached_batch(m.cached_batch, r.cached_batch)
     if r.max_prefill_tokens is not None:
         m.max_prefill_tokens = r.max_prefill_tokens
-    _fill_grants(m.grants, r.grants)
+    m.grants.extend(map(block_grant_to_pb, r.grants))
     return m
 
 
@@ -399,7 +389,7 @@ def prefill_request_from_pb(m: pb.PrefillRequest) -> PrefillRequest:
         batch=batch_from_pb(m.batch),
         cached_batch=cached_batch_from_pb(m.cached_batch) if m.HasField("cached_batch") else None,
         max_prefill_tokens=m.max_prefill_tokens if m.HasField("max_prefill_tokens") else None,
-        grants=_grants_from_pb(m.grants),
+        grants=tuple(map(block_grant_from_pb, m.grants)),
     )
 
 
@@ -409,15 +399,13 @@ def decode_request_to_pb(r: DecodeRequest) -> pb.DecodeRequest:
     for b in r.batches:
         _fill_cached_batch(add(), b)
     m.steps = r.steps
-    _fill_grants(m.grants, r.grants)
+    m.grants.extend(map(block_grant_to_pb, r.grants))
     return m
 
 
 def decode_request_from_pb(m: pb.DecodeRequest) -> DecodeRequest:
-    return DecodeRequest(
-        batches=tuple(cached_batch_from_pb(b) for b in m.batches), steps=m.steps or 1,
-        grants=_grants_from_pb(m.grants),
-    )
+    grants = tuple(map(block_grant_from_pb, m.grants))
+    return DecodeRequest(batches=tuple(cached_batch_from_pb(b) for b in m.batches), steps=m.steps or 1, grants=grants)
 
 
 def filter_batch_request_to_pb(r: FilterBatchRequest) -> pb.FilterBatchRequest:
@@ -467,23 +455,14 @@ def warmup_request_from_pb(m: pb.WarmupRequest) -> WarmupRequest:
 
 
 def warmup_response_to_pb(r: WarmupResult) -> pb.WarmupResponse:
-    return pb.WarmupResponse(
-        max_supported_total_tokens=r.max_supported_total_tokens,
-        max_input_tokens=r.max_input_tokens,
-        max_total_tokens=r.max_total_tokens,
-    )
+    return pb.WarmupResponse(**{f.name: getattr(r, f.name) for f in fields(WarmupResult)})
 
 
 def warmup_response_from_pb(m: pb.WarmupResponse) -> WarmupResult:
-    return WarmupResult(
-        max_supported_total_tokens=m.max_supported_total_tokens,
-        max_input_tokens=m.max_input_tokens,
-        max_total_tokens=m.max_total_tokens,
-    )
+    return WarmupResult(**{f.name: getattr(m, f.name) for f in fields(WarmupResult)})
 
 
 def info_to_pb(i: Info) -> pb.InfoResponse:
-    # Info crosses the wire once per router start, so its fields are copied by name (they are the proto's).
     return pb.InfoResponse(**{f.name: getattr(i, f.name) for f in fields(Info)})
 
 
