@@ -145,9 +145,8 @@ def part_forced(args: argparse.Namespace) -> None:
         requests = []
         for r, ids in enumerate(prompts):
             blocks = tuple(range(1 + r * per, 1 + (r + 1) * per))
-            slots = tuple(blocks[p // block] * block + p % block for p in range(args.prompt_len + new))
             requests.append(Request(id=r, input_ids=ids, sampling=SamplingParams(grammar=grammar),
-                                    stopping=StoppingParams(max_new_tokens=new), blocks=blocks, slots=slots))
+                                    stopping=StoppingParams(max_new_tokens=new), blocks=blocks))
         batch: ShardBatch | None = ShardBatch.from_batch(
             Batch(id=1, requests=tuple(requests)), block_size=block, num_blocks=cache.num_blocks,
             vocab_size=config.vocab_size, device=torch.device("cpu"), grammars=grammars)

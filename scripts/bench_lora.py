@@ -77,7 +77,7 @@ def _batch(config: ModelConfig, size: int, context: int, new_tokens: int, adapte
         requests.append(Request(
             id=r, input_ids=tuple(torch.randint(0, config.vocab_size, (context,), generator=gen).tolist()),
             sampling=SamplingParams(), stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True),
-            blocks=blocks, slots=tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(context + new_tokens)),
+            blocks=blocks,
             adapter_index=1 + r % adapters if adapters else 0,
         ))  # fmt: skip
     return Batch(id=1, requests=tuple(requests))

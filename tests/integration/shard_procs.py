@@ -215,14 +215,12 @@ class Blocks:
         count = math.ceil(tokens / BLOCK_SIZE)
         blocks = tuple(range(self.next_block, self.next_block + count))
         self.next_block += count
-        slots = tuple(blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(tokens))
         return Request(
             id=rid,
             input_ids=prompt,
             sampling=sampling,
             stopping=StoppingParams(max_new_tokens=max_new_tokens),
             blocks=blocks,
-            slots=slots,
             **kwargs,
         )
 

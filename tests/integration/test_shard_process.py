@@ -185,7 +185,7 @@ def _cached(batch_id: int) -> pb.CachedBatch:
     return pb.CachedBatch(id=batch_id, request_ids=[7], size=1)
 
 
-_BAD_BLOCK = _request(blocks=(1024,), slots=tuple(range(1024 * 16, 1024 * 16 + 6)))
+_BAD_BLOCK = _request(blocks=(1024,))
 _NO_PARAMETERS = pb.Batch(id=90, size=1, requests=[pb.Request(id=7)])
 # case: (method, request, status, part of the message)
 ERRORS: dict[str, tuple[str, Any, str, str]] = {
@@ -200,13 +200,10 @@ ERRORS: dict[str, tuple[str, Any, str, str]] = {
         "Batch ID 999",
     ),
     "block out of range": ("Prefill", _prefill_pb(_BAD_BLOCK), "INVALID_ARGUMENT", "block ids must be in 0 .. 1023"),
-    "slot outside its blocks": (
-        "Prefill",
-        _prefill_pb(_request(slots=(16, 17, 18, 19, 20, 99))),
-        "INVALID_ARGUMENT",
-        "slots must be block * block_size + offset",
+    "blocks short of the prompt": (
+        "Prefill", _prefill_pb(_request(blocks=())), "INVALID_ARGUMENT", "0 blocks of 16 cannot hold its 3 prompt tokens",
     ),
-    "too few slots": ("Prefill", _prefill_pb(_request(slots=(16, 17))), "INVALID_ARGUMENT", "needs 6 slots"),
+
     "token id outside the vocabulary": (
         "Prefill",
         _prefill_pb(_request(input_ids=(3, 512, 5))),

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import typer
 
-from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, REASONING_PARSERS, RouterConfig
+from tgictl.config import MAX_ADAPTIVE_DECODE_STEPS, REASONING_PARSERS, RouterConfig, SchedulingPolicy
 from tgictl.env import Env
 
 # RouterConfig is the single source of the defaults (the launcher's router_argv compares against it too).
@@ -73,6 +73,11 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("prefix_caching", Optional[bool], typer.Option(
         None, "--prefix-caching/--no-prefix-caching", show_default=False,
         help="Reuse the KV of cached prompt prefixes (default: on, or $PREFIX_CACHING as TGI reads it).",
+    )),
+    ("scheduling_policy", SchedulingPolicy, typer.Option(
+        _DEFAULTS["scheduling_policy"], "--scheduling-policy",
+        help="fcfs: waiting requests run in arrival order. priority: by each request's `priority` (lower "
+        "first, then arrival; a full KV cache preempts the lowest priority first).",
     )),
     ("max_best_of", int, typer.Option(_DEFAULTS["max_best_of"], "--max-best-of")),
     ("max_stop_sequences", int, typer.Option(_DEFAULTS["max_stop_sequences"], "--max-stop-sequences")),

@@ -21,7 +21,13 @@ from tgictl.config.model_files import (
     check_model_id,
 )
 from tgictl.config.process import LOG_LEVELS, SHARD_SERVICE_SUFFIX, LogConfig, TracingConfig, shard_service_name
-from tgictl.config.router import MAX_ADAPTIVE_DECODE_STEPS, MAX_DECODE_STEPS, REASONING_PARSERS, RouterConfig
+from tgictl.config.router import (
+    MAX_ADAPTIVE_DECODE_STEPS,
+    MAX_DECODE_STEPS,
+    REASONING_PARSERS,
+    RouterConfig,
+    SchedulingPolicy,
+)
 from tgictl.config.shard import (
     DEFAULT_HEALTH_STEP_TIMEOUT_S,
     MAX_UDS_PATH_BYTES,
@@ -36,6 +42,6 @@ __all__ = [
     "DEFAULT_HEALTH_STEP_TIMEOUT_S", "DEFAULT_MODEL_ID", "GATEWAY_POLICIES", "LOG_LEVELS", "MAX_ADAPTIVE_DECODE_STEPS",
     "MAX_DECODE_STEPS", "MAX_UDS_PATH_BYTES", "REASONING_PARSERS", "SHARD_DTYPES", "SHARD_SERVICE_SUFFIX",
     "BenchConfig", "ConvertConfig", "DownloadConfig", "HubConfig", "LaunchConfig", "LogConfig", "LoraAdapterSpec",
-    "RouterConfig", "ShardConfig", "SpeculationConfig", "TracingConfig", "default_uds_path", "parse_lora_adapters",
-    "check_model_id", "check_replicas", "shard_service_name",
+    "RouterConfig", "SchedulingPolicy", "ShardConfig", "SpeculationConfig", "TracingConfig", "default_uds_path",
+    "parse_lora_adapters", "check_model_id", "check_replicas", "shard_service_name",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from tgictl.config.process import TracingConfig
@@ -13,6 +14,13 @@ MAX_DECODE_STEPS = 64
 MAX_ADAPTIVE_DECODE_STEPS = 16  # the most steps RouterConfig.decode_call_ms adds up to
 # --reasoning-parser's choices (runtime/router/text/reasoning.py defines each).
 REASONING_PARSERS: tuple[str, ...] = ("deepseek_r1", "qwen3")
+
+
+class SchedulingPolicy(str, enum.Enum):
+    """In which order waiting requests run and whom a full cache preempts (--scheduling-policy)."""
+
+    FCFS = "fcfs"  # first come, first served (TGI's queue)
+    PRIORITY = "priority"  # by the request's `priority`, lower first, then first come (vLLM's semantics)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,9 @@ class RouterConfig:
     # The radix prefix cache (TGI's PREFIX_CACHING). Off: every prompt is computed in full, and blocks
     # go straight back to the free list.
     prefix_caching: bool = True
+    # Waiting requests run in arrival order (fcfs), or by their `priority` (lower first; a full cache
+    # preempts the lowest priority first, and a waiting request may preempt running ones of lower priority).
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
     max_client_batch_size: int = 4
     api_key: str | None = field(default=None, repr=False)  # never printed
     cors_allow_origin: tuple[str, ...] = ()  # empty: any origin

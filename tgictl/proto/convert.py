@@ -1,12 +1,12 @@
 """The one place that turns `tgictl.proto.messages` dataclasses into protobuf messages and back.
 
-Router and shard both convert here, so the wire format has a single definition on each side of every
-field (docs/architecture.md, "Decisions": TGI's proto shape). Every function is plain attribute access, no reflection: Prefill and Decode
-responses are converted once per step with up to a few hundred generations.
+Router and shard both convert here, so the wire format has a single definition on each side of every field
+(docs/architecture.md, "Decisions": TGI's proto shape). The per-step messages are plain attribute access, no
+reflection (a step converts up to a few hundred generations); start-up ones (Info, Warmup) copy by field name.
 
 `*_from_pb` functions check only what the conversion itself needs (required sub-messages present,
 redundant sizes consistent, enum values known, ids and logprobs of equal length) and raise
-`InvalidRequestError` otherwise. Semantic checks (a token id inside the vocabulary, a slot inside the
+`InvalidRequestError` otherwise. Semantic checks (a token id inside the vocabulary, a block inside the
 cache) belong to whoever owns that knowledge. `*_to_pb` functions trust their dataclasses: an integer
 outside its protobuf range raises protobuf's ValueError, which is a bug in the caller.
 
@@ -26,6 +26,7 @@ from tgictl.errors import InvalidRequestError
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.messages import (
     Batch,
+    BlockGrant,
     CachedBatch,
     ClearCacheRequest,
     DecodeRequest,
@@ -82,6 +83,7 @@ def _fill_sampling(dst: pb.NextTokenChooserParameters, p: SamplingParams) -> Non
     dst.frequency_penalty = p.frequency_penalty
     dst.min_p = p.min_p
     dst.presence_penalty = p.presence_penalty
+    dst.step_offset = p.step_offset
     if p.grammar is not None:
         dst.grammar = p.grammar.value
         dst.grammar_type = int(p.grammar.type)
@@ -119,6 +121,7 @@ def sampling_from_pb(m: pb.NextTokenChooserParameters) -> SamplingParams:
         frequency_penalty=m.frequency_penalty,
         presence_penalty=m.presence_penalty,
         grammar=_grammar_from_pb(m),
+        step_offset=m.step_offset,
     )
 
 
@@ -149,7 +152,6 @@ def _fill_request(dst: pb.Request, r: Request) -> None:
     dst.prefill_logprobs = r.prefill_logprobs
     dst.top_n_tokens = r.top_n_tokens
     dst.blocks.extend(r.blocks)
-    dst.slots.extend(r.slots)
     dst.cache_len = r.cache_len
     dst.adapter_index = r.adapter_index
     if r.chunk_len is not None:  # None leaves the optional field absent
@@ -172,7 +174,6 @@ def request_from_pb(m: pb.Request) -> Request:
         sampling=sampling_from_pb(m.parameters),
         stopping=stopping_from_pb(m.stopping_parameters),
         blocks=tuple(m.blocks[:]),
-        slots=tuple(m.slots[:]),
         cache_len=m.cache_len,
         chunk_len=m.chunk_len if m.HasField("chunk_len") else None,
         prefill_logprobs=m.prefill_logprobs,
@@ -364,12 +365,21 @@ def decode_response_from_pb(m: pb.DecodeResponse) -> StepResult:
 # --- RPC requests and the other responses ------------------------------------------------------
 
 
+def block_grant_to_pb(g: BlockGrant) -> pb.BlockGrant:
+    return pb.BlockGrant(request_id=g.request_id, blocks=g.blocks)
+
+
+def block_grant_from_pb(m: pb.BlockGrant) -> BlockGrant:
+    return BlockGrant(request_id=m.request_id, blocks=tuple(m.blocks))
+
+
 def prefill_request_to_pb(r: PrefillRequest) -> pb.PrefillRequest:
     m = pb.PrefillRequest(batch=batch_to_pb(r.batch))
     if r.cached_batch is not None:
         _fill_cached_batch(m.cached_batch, r.cached_batch)
     if r.max_prefill_tokens is not None:
         m.max_prefill_tokens = r.max_prefill_tokens
+    m.grants.extend(map(block_grant_to_pb, r.grants))
     return m
 
 
@@ -379,6 +389,7 @@ def prefill_request_from_pb(m: pb.PrefillRequest) -> PrefillRequest:
         batch=batch_from_pb(m.batch),
         cached_batch=cached_batch_from_pb(m.cached_batch) if m.HasField("cached_batch") else None,
         max_prefill_tokens=m.max_prefill_tokens if m.HasField("max_prefill_tokens") else None,
+        grants=tuple(map(block_grant_from_pb, m.grants)),
     )
 
 
@@ -388,11 +399,13 @@ def decode_request_to_pb(r: DecodeRequest) -> pb.DecodeRequest:
     for b in r.batches:
         _fill_cached_batch(add(), b)
     m.steps = r.steps
+    m.grants.extend(map(block_grant_to_pb, r.grants))
     return m
 
 
 def decode_request_from_pb(m: pb.DecodeRequest) -> DecodeRequest:
-    return DecodeRequest(batches=tuple(cached_batch_from_pb(b) for b in m.batches), steps=m.steps or 1)
+    grants = tuple(map(block_grant_from_pb, m.grants))
+    return DecodeRequest(batches=tuple(cached_batch_from_pb(b) for b in m.batches), steps=m.steps or 1, grants=grants)
 
 
 def filter_batch_request_to_pb(r: FilterBatchRequest) -> pb.FilterBatchRequest:
@@ -442,23 +455,14 @@ def warmup_request_from_pb(m: pb.WarmupRequest) -> WarmupRequest:
 
 
 def warmup_response_to_pb(r: WarmupResult) -> pb.WarmupResponse:
-    return pb.WarmupResponse(
-        max_supported_total_tokens=r.max_supported_total_tokens,
-        max_input_tokens=r.max_input_tokens,
-        max_total_tokens=r.max_total_tokens,
-    )
+    return pb.WarmupResponse(**{f.name: getattr(r, f.name) for f in fields(WarmupResult)})
 
 
 def warmup_response_from_pb(m: pb.WarmupResponse) -> WarmupResult:
-    return WarmupResult(
-        max_supported_total_tokens=m.max_supported_total_tokens,
-        max_input_tokens=m.max_input_tokens,
-        max_total_tokens=m.max_total_tokens,
-    )
+    return WarmupResult(**{f.name: getattr(m, f.name) for f in fields(WarmupResult)})
 
 
 def info_to_pb(i: Info) -> pb.InfoResponse:
-    # Info crosses the wire once per router start, so its fields are copied by name (they are the proto's).
     return pb.InfoResponse(**{f.name: getattr(i, f.name) for f in fields(Info)})
 
 

@@ -120,7 +120,7 @@ class ClearCacheResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class NextTokenChooserParameters(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "typical_p", "do_sample", "seed", "repetition_penalty", "frequency_penalty", "grammar", "grammar_type", "min_p", "presence_penalty", "grammar_replay_tokens")
+    __slots__ = ("temperature", "top_k", "top_p", "typical_p", "do_sample", "seed", "repetition_penalty", "frequency_penalty", "grammar", "grammar_type", "min_p", "presence_penalty", "grammar_replay_tokens", "step_offset")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class NextTokenChooserParameters(_message.Message):
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_REPLAY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_OFFSET_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -147,7 +148,8 @@ class NextTokenChooserParameters(_message.Message):
     min_p: float
     presence_penalty: float
     grammar_replay_tokens: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., grammar: _Optional[str] = ..., grammar_type: _Optional[_Union[GrammarType, str]] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., grammar_replay_tokens: _Optional[int] = ...) -> None: ...
+    step_offset: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., grammar: _Optional[str] = ..., grammar_type: _Optional[_Union[GrammarType, str]] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., grammar_replay_tokens: _Optional[int] = ..., step_offset: _Optional[int] = ...) -> None: ...
 
 class StoppingCriteriaParameters(_message.Message):
     __slots__ = ("max_new_tokens", "ignore_eos_token")
@@ -158,14 +160,13 @@ class StoppingCriteriaParameters(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., ignore_eos_token: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("id", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "blocks", "slots", "cache_len", "chunk_len", "input_ids", "adapter_index")
+    __slots__ = ("id", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "blocks", "cache_len", "chunk_len", "input_ids", "adapter_index")
     ID_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     STOPPING_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_N_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    SLOTS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LEN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_LEN_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -176,12 +177,11 @@ class Request(_message.Message):
     prefill_logprobs: bool
     top_n_tokens: int
     blocks: _containers.RepeatedScalarFieldContainer[int]
-    slots: _containers.RepeatedScalarFieldContainer[int]
     cache_len: int
     chunk_len: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     adapter_index: int
-    def __init__(self, id: _Optional[int] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., cache_len: _Optional[int] = ..., chunk_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., adapter_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ..., cache_len: _Optional[int] = ..., chunk_len: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., adapter_index: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("id", "requests", "size", "max_tokens", "max_blocks")
@@ -251,6 +251,14 @@ class Generation(_message.Message):
     error: str
     def __init__(self, request_id: _Optional[int] = ..., prefill_tokens: _Optional[_Union[Tokens, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., generated_text: _Optional[_Union[GeneratedText, _Mapping]] = ..., top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ..., prefill_top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
+class BlockGrant(_message.Message):
+    __slots__ = ("request_id", "blocks")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[int] = ..., blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class FilterBatchRequest(_message.Message):
     __slots__ = ("batch_id", "request_ids")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -266,14 +274,16 @@ class FilterBatchResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[CachedBatch, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("batch", "cached_batch", "max_prefill_tokens")
+    __slots__ = ("batch", "cached_batch", "max_prefill_tokens", "grants")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CACHED_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
     cached_batch: CachedBatch
     max_prefill_tokens: int
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., max_prefill_tokens: _Optional[int] = ...) -> None: ...
+    grants: _containers.RepeatedCompositeFieldContainer[BlockGrant]
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., max_prefill_tokens: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns")
@@ -292,12 +302,14 @@ class PrefillResponse(_message.Message):
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "steps")
+    __slots__ = ("batches", "steps", "grants")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     steps: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., steps: _Optional[int] = ...) -> None: ...
+    grants: _containers.RepeatedCompositeFieldContainer[BlockGrant]
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., steps: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns")

@@ -45,6 +45,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # [-2, 2]; subtracts penalty * count(token) (OpenAI semantics)
     presence_penalty: float = 0.0  # [-2, 2]; subtracts penalty once per token already present
     grammar: Grammar | None = None  # None = unconstrained
+    # The sampling step of the first token: tokens generated before (a continuation round or a resumption
+    # after preemption), so the random stream (seed, step) goes on where it stopped. 0 for a new request.
+    step_offset: int = 0
 
     @property
     def samples(self) -> bool:
@@ -75,10 +78,10 @@ class Request:
     input_ids: tuple[int, ...]  # the whole prompt, already truncated by the router
     sampling: SamplingParams
     stopping: StoppingParams
-    # KV placement chosen by the router (docs/architecture.md, "Decisions": The router owns memory). Empty only in warmup, where the shard
-    # assigns blocks itself. slots[p] is where position p of the sequence writes its K/V.
+    # KV placement chosen by the router (docs/architecture.md, "Decisions": The router owns memory): at least
+    # the prompt's blocks; more arrive as BlockGrants. Position p writes slot blocks[p // bs] * bs + p % bs.
+    # Empty only in warmup, where the shard assigns blocks itself.
     blocks: tuple[int, ...] = ()
-    slots: tuple[int, ...] = ()
     cache_len: int = 0  # prompt tokens whose KV is already in the cache (prefix cache hit)
     chunk_len: int | None = None  # prompt tokens to compute in the first forward; None = all the rest
     prefill_logprobs: bool = False  # return the logprob of every prompt token
@@ -223,16 +226,26 @@ class FilterBatchRequest:
 
 
 @dataclass(frozen=True)
+class BlockGrant:
+    """More KV blocks for a running request, appended to its blocks before the step that needs them."""
+
+    request_id: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PrefillRequest:
     batch: Batch
     cached_batch: CachedBatch | None = None  # chunking: concatenated before the new batch
     max_prefill_tokens: int | None = None  # the router's budget for later chunks; None: unchanged
+    grants: tuple[BlockGrant, ...] = ()  # for requests of cached_batch
 
 
 @dataclass(frozen=True)
 class DecodeRequest:
     batches: tuple[CachedBatch, ...]  # non-empty; merged into one forward, in this order
     steps: int = 1  # decode steps before the answer (runtime/shard/decode_steps.py)
+    grants: tuple[BlockGrant, ...] = ()  # for requests of `batches`, before the first step
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """A fake shard client for scheduling tests: it fabricates generations instead of running a model,
 but keeps batch state exactly as the real shard does (ids, chunked prompts with later chunks sized
 within the router's prefill budget by the same rule, CachedBatch's max_tokens in whole blocks and
-current_tokens as the next forward's tokens, filter, concatenation), so the batcher's protocol use is
-checked (tests/unit/testing/test_fake_shard.py compares it with the real runtime). Token i of request
+current_tokens as the next forward's tokens, filter, concatenation, blocks granted as requests grow: a
+step whose rows' blocks cannot hold it is refused, and a multi-step Decode stops before it), so the
+batcher's protocol use is checked (tests/unit/testing/test_fake_shard.py compares it with the real runtime). Token i of request
 r is `first_token + (r * 31 + i) % span`.
 
 FakeServiceClient also answers the start-up and health calls, so a RouterService (and its HTTP app)
@@ -16,9 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tgictl.errors import GenerationError
+from tgictl.errors import GenerationError, InvalidRequestError
 from tgictl.proto.messages import (
     Batch,
+    BlockGrant,
     CachedBatch,
     FinishReason,
     GeneratedText,
@@ -42,12 +44,17 @@ class _Live:
     request: Request
     prompt_done: int  # prompt tokens processed (cache_len counts as done)
     chunk_len: int  # tokens the next forward computes (1 once decoding)
+    blocks: int  # blocks held: the request's and the granted ones
     generated: int = 0
 
     @classmethod
     def start(cls, request: Request) -> _Live:
         remaining = len(request.input_ids) - request.cache_len
-        return cls(request, request.cache_len, request.chunk_len or remaining)
+        return cls(request, request.cache_len, request.chunk_len or remaining, len(request.blocks))
+
+    def fits_next_step(self, block_size: int) -> bool:
+        """As the real row: its next forward writes up to the position of its last token."""
+        return len(self.request.input_ids) + self.generated <= self.blocks * block_size
 
 
 @dataclass
@@ -64,6 +71,7 @@ class FakeShard:
     batches: dict[int, list[_Live]] = field(default_factory=dict)
     calls: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     decode_steps: list[int] = field(default_factory=list)  # the steps every Decode asked for
+    grants: list[BlockGrant] = field(default_factory=list)  # every grant, in order
     step_forward_ns: int = 0  # the forward time every step reports (Timings.forward_ns, summed per call)
     forwards: int = 0
     peak_batch_size: int = 0  # the most requests one forward carried
@@ -77,30 +85,35 @@ class FakeShard:
         return self.first_token + (request_id * 31 + index) % self.span
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
         await asyncio.sleep(0)  # an RPC yields to the event loop, as gRPC does
         self.calls.append(("prefill", tuple(r.id for r in batch.requests)))
         self._maybe_fail("prefill")
         if max_prefill_tokens is not None:
             self.max_prefill_tokens = max_prefill_tokens
+        for r in batch.requests:
+            if len(r.blocks) * self.block_size < len(r.input_ids):
+                raise InvalidRequestError(f"request {r.id}: its blocks cannot hold its prompt")
         self.cache_lens += [r.cache_len for r in batch.requests]
         lives = [_Live.start(r) for r in batch.requests]
         if cached is not None:
-            lives = self.batches.pop(cached.id) + lives
+            self._grant([cached.id], grants)
+            lives = self._take([cached.id]) + lives
         return self._step(batch.id, lives)
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()) -> StepResult:
         await asyncio.sleep(0)
         self.calls.append(("decode", tuple(b.id for b in batches)))
         self.decode_steps.append(steps)
         self._maybe_fail("decode")
-        lives = [live for b in batches for live in self.batches.pop(b.id)]
-        result = self._step(batches[0].id, lives)
+        self._grant([b.id for b in batches], grants)
+        result = self._step(batches[0].id, self._take([b.id for b in batches]))
         for _ in range(steps - 1):  # as the shard answers DecodeRequest.steps (proto/step_merge.py)
-            if result.batch is None:
+            if result.batch is None or not all(live.fits_next_step(self.block_size) for live in self.batches[result.batch.id]):
                 break
-            more = self._step(result.batch.id, self.batches.pop(result.batch.id))
+            more = self._step(result.batch.id, self._take([result.batch.id]))
             forward_ns = result.timings.forward_ns + more.timings.forward_ns
             result = StepResult(tuple(merge_generations(result.generations, more.generations)), more.batch,
                                 Timings(forward_ns=forward_ns))
@@ -118,6 +131,25 @@ class FakeShard:
             self.batches.clear()
         else:
             self.batches.pop(batch_id, None)
+
+    def _grant(self, batch_ids: Sequence[int], grants: Sequence[BlockGrant]) -> None:
+        lives = {live.request.id: live for batch_id in batch_ids for live in self.batches[batch_id]}
+        for grant in grants:
+            if grant.request_id not in lives:
+                raise InvalidRequestError(f"a grant names request {grant.request_id}, which is not in the batch")
+        for grant in grants:
+            self.grants.append(grant)
+            lives[grant.request_id].blocks += len(grant.blocks)
+
+    def _take(self, batch_ids: Sequence[int]) -> list[_Live]:
+        """The batches' rows, consumed only when every row's blocks hold its next step (as the real shard)."""
+        lives = [live for batch_id in batch_ids for live in self.batches[batch_id]]
+        for live in lives:
+            if not live.fits_next_step(self.block_size):
+                raise InvalidRequestError(f"request {live.request.id}: its next step writes past its blocks")
+        for batch_id in batch_ids:
+            del self.batches[batch_id]
+        return lives
 
     def _maybe_fail(self, method: str) -> None:
         if method in self.fail_next:
@@ -167,7 +199,7 @@ class FakeShard:
         return CachedBatch(
             id=batch_id,
             request_ids=tuple(live.request.id for live in lives),
-            max_tokens=sum(len(live.request.blocks) for live in lives) * self.block_size,
+            max_tokens=sum(live.blocks for live in lives) * self.block_size,
             current_tokens=sum(live.chunk_len for live in lives),
         )
 
@@ -208,7 +240,8 @@ class FakeServiceClient:
             raise GenerationError("shard unhealthy")
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
         if batch.id == 2**64 - 1:  # the health probe
             self.probes.append(batch)
@@ -216,11 +249,11 @@ class FakeServiceClient:
                 raise GenerationError("probe failed")
             return await self.shard.prefill(batch, None)
         await asyncio.sleep(self.step_delay_s)
-        return await self.shard.prefill(batch, cached, max_prefill_tokens)
+        return await self.shard.prefill(batch, cached, max_prefill_tokens, grants)
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()) -> StepResult:
         await asyncio.sleep(self.step_delay_s)
-        return await self.shard.decode(batches, steps)
+        return await self.shard.decode(batches, steps, grants)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         return await self.shard.filter_batch(batch_id, request_ids)

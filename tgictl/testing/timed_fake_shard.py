@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgictl.proto.messages import Batch, CachedBatch, StepResult
+from tgictl.proto.messages import Batch, BlockGrant, CachedBatch, StepResult
 from tgictl.testing.fake_shard import FakeServiceClient
 
 
@@ -71,15 +71,18 @@ class TimedFakeClient(FakeServiceClient):
         await asyncio.sleep(seconds)
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
         if batch.id != 2**64 - 1:  # not the health probe
             computed = sum(r.chunk_len or len(r.input_ids) - r.cache_len for r in batch.requests)
             rows, context = self._decoding([cached.id] if cached is not None else [])
             await self._spend(self.cost.seconds(computed, rows, context))
-        return await super().prefill(batch, cached, max_prefill_tokens)
+        return await super().prefill(batch, cached, max_prefill_tokens, grants)
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+    async def decode(
+        self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
+    ) -> StepResult:
         rows, context = self._decoding([b.id for b in batches])
         await self._spend(steps * self.cost.seconds(0, rows, context))
-        return await super().decode(batches, steps)
+        return await super().decode(batches, steps, grants)

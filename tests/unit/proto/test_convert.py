@@ -22,6 +22,7 @@ from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.messages import (
     Batch,
+    BlockGrant,
     CachedBatch,
     ClearCacheRequest,
     DecodeRequest,
@@ -74,6 +75,7 @@ SAMPLED = SamplingParams(
     frequency_penalty=-2.0,
     presence_penalty=1.5,
     grammar=Grammar(type=GrammarType.LLGUIDANCE, value='{"grammars": []}', replay_tokens=U32_MAX),
+    step_offset=U32_MAX,
 )
 FULL_REQUEST = Request(
     id=U64_MAX,
@@ -81,7 +83,6 @@ FULL_REQUEST = Request(
     sampling=SAMPLED,
     stopping=StoppingParams(max_new_tokens=U32_MAX, ignore_eos=True),
     blocks=(0, 3),
-    slots=tuple(range(32)),
     cache_len=16,
     chunk_len=8,
     prefill_logprobs=True,
@@ -188,7 +189,7 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Callable[[Any], Any]]] = [
     ),
     (
         "prefill request",
-        PrefillRequest(Batch(1, (FULL_REQUEST,)), CACHED),
+        PrefillRequest(Batch(1, (FULL_REQUEST,)), CACHED, 512, (BlockGrant(U64_MAX, (4, U32_MAX)), BlockGrant(5, ()))),
         C.prefill_request_to_pb,
         C.prefill_request_from_pb,
     ),
@@ -206,6 +207,14 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Callable[[Any], Any]]] = [
     ),
     ("decode request empty", DecodeRequest(()), C.decode_request_to_pb, C.decode_request_from_pb),
     ("decode request of 4 steps", DecodeRequest((CACHED,), 4), C.decode_request_to_pb, C.decode_request_from_pb),
+    ("block grant", BlockGrant(U64_MAX, (0, U32_MAX)), C.block_grant_to_pb, C.block_grant_from_pb),
+    ("block grant empty", BlockGrant(0, ()), C.block_grant_to_pb, C.block_grant_from_pb),
+    (
+        "decode request with grants",
+        DecodeRequest((CACHED,), 2, (BlockGrant(0, (7,)), BlockGrant(U64_MAX, (1, 2, 3)))),
+        C.decode_request_to_pb,
+        C.decode_request_from_pb,
+    ),
     (
         "filter request",
         FilterBatchRequest(U64_MAX, (U64_MAX, 1)),
@@ -330,8 +339,9 @@ def test_kept_tgi_field_numbers_and_additions() -> None:
         return int(message.DESCRIPTOR.fields_by_name[field].number)
 
     assert [
-        number(pb.Request, f) for f in ("id", "blocks", "slots", "cache_len", "chunk_len", "input_ids")
-    ] == [1, 9, 10, 12, 14, 15]
+        number(pb.Request, f) for f in ("id", "blocks", "cache_len", "chunk_len", "input_ids")
+    ] == [1, 9, 12, 14, 15]
+    assert "slots" not in pb.Request.DESCRIPTOR.fields_by_name  # derived from the blocks on the shard
     assert [
         number(pb.NextTokenChooserParameters, f) for f in ("frequency_penalty", "min_p", "presence_penalty")
     ] == [9, 13, 14]

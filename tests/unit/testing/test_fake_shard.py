@@ -8,8 +8,20 @@ import asyncio
 import math
 from pathlib import Path
 
-from tgictl.proto.messages import Batch, CachedBatch, Request, SamplingParams, StepResult, StoppingParams, WarmupRequest
-from tgictl.runtime.shard.batch import ShardBatch
+import pytest
+
+from tgictl.errors import InvalidRequestError
+from tgictl.proto.messages import (
+    Batch,
+    BlockGrant,
+    CachedBatch,
+    Request,
+    SamplingParams,
+    StepResult,
+    StoppingParams,
+    WarmupRequest,
+)
+from tgictl.runtime.shard.batch import ShardBatch, apply_grants
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.runtime import ShardRuntime
 from tgictl.testing.fake_shard import FakeShard
@@ -18,11 +30,10 @@ BLOCK = 16
 
 
 def request(rid: int, first_block: int, prompt_len: int, new: int, chunk_len: int | None = None) -> Request:
-    tokens = prompt_len + new - 1
-    blocks = tuple(range(first_block, first_block + math.ceil(tokens / BLOCK)))
-    slots = tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(tokens))
+    """Blocks for the prompt and its first decode step only, as the router admits it; the rest is granted."""
+    blocks = tuple(range(first_block, first_block + math.ceil((prompt_len + 1) / BLOCK)))
     prompt = tuple(5 + (rid * 7 + i) % 300 for i in range(prompt_len))
-    return Request(rid, prompt, SamplingParams(), StoppingParams(new, ignore_eos=True), blocks=blocks, slots=slots,
+    return Request(rid, prompt, SamplingParams(), StoppingParams(new, ignore_eos=True), blocks=blocks,
                    chunk_len=chunk_len)
 
 
@@ -50,8 +61,11 @@ class Real:
         generations, out, _ = self.runtime.prefill(batch, self.batches.pop(cached.id) if cached else None)
         return self._out(generations, out)
 
-    def decode(self, cached: CachedBatch):  # type: ignore[no-untyped-def]
-        generations, out, _ = self.runtime.decode([self.batches.pop(cached.id)])
+    def decode(self, cached: CachedBatch, grants: tuple[BlockGrant, ...] = ()):  # type: ignore[no-untyped-def]
+        batch = self.batches[cached.id]
+        apply_grants([batch], grants, self.runtime.runner.kv_cache.num_blocks)  # what the servicer does first
+        generations, out, _ = self.runtime.decode([batch])  # refuses a step past a row's blocks
+        del self.batches[cached.id]
         return self._out(generations, out)
 
     def filter(self, cached: CachedBatch, keep: tuple[int, ...]) -> CachedBatch:
@@ -73,33 +87,71 @@ class Fake:
     def prefill(self, batch: Batch, cached: CachedBatch | None):  # type: ignore[no-untyped-def]
         return self._out(asyncio.run(self.shard.prefill(batch, cached, self.budget)))
 
-    def decode(self, cached: CachedBatch):  # type: ignore[no-untyped-def]
-        return self._out(asyncio.run(self.shard.decode([cached])))
+    def decode(self, cached: CachedBatch, grants: tuple[BlockGrant, ...] = ()):  # type: ignore[no-untyped-def]
+        return self._out(asyncio.run(self.shard.decode([cached], 1, grants)))
 
     def filter(self, cached: CachedBatch, keep: tuple[int, ...]) -> CachedBatch:
         return asyncio.run(self.shard.filter_batch(cached.id, keep))
 
 
+class Router:
+    """What the router knows of each request's context (prompt + tokens so far) and blocks, to grant the
+    block a row's next step crosses into."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.context = {r.id: len(r.input_ids) for r in requests}
+        self.blocks = {r.id: len(r.blocks) for r in requests}
+        self.next_block = 40
+
+    def saw(self, result: tuple[list[int], list[int], CachedBatch | None]) -> None:
+        for rid in result[0]:
+            self.context[rid] += 1
+
+    def grants(self, cached: CachedBatch) -> tuple[BlockGrant, ...]:
+        out = []
+        for rid in cached.request_ids:
+            if self.context[rid] > self.blocks[rid] * BLOCK:
+                out.append(BlockGrant(rid, (self.next_block,)))
+                self.blocks[rid] += 1
+                self.next_block += 1
+        return tuple(out)
+
+
 def scenario(shard: Real | Fake) -> list[tuple[object, ...]]:
-    """A router-like sequence under a prefill budget of 12: a short prompt and the first 7-token chunk of
-    a 30-token one, decodes, a new 20-token prompt admitted beside them, a filter, decodes to the end."""
+    """A router-like sequence under a prefill budget of 12, every request admitted with blocks for its prompt
+    and first step only: a short prompt and the first 7-token chunk of a 30-token one, decodes, a new
+    20-token prompt admitted beside them, decodes until a row crosses into a block it lacks (the step is
+    refused until it is granted), a filter, decodes to the end with grants."""
     seen = []
-    first = Batch(1, (request(1, 1, 5, 3), request(2, 2, 30, 4, chunk_len=7)))
+    first = Batch(1, (request(1, 1, 5, 3), request(2, 2, 30, 8, chunk_len=7)))
+    second = Batch(2, (request(3, 10, 20, 12, chunk_len=4),))
+    router = Router([*first.requests, *second.requests])
     result = shard.prefill(first, None)
     seen.append(shape(result))
     for _ in range(2):
         result = shard.decode(result[2])
+        router.saw(result)
         seen.append(shape(result))
-    cached = result[2]
-    second = Batch(2, (request(3, 10, 20, 5, chunk_len=12 - cached.current_tokens),))
-    result = shard.prefill(second, cached)
+    result = shard.prefill(second, result[2])
+    router.saw(result)
     seen.append(shape(result))
-    kept = tuple(i for i in result[2].request_ids if i != 2)
-    cached = shard.filter(result[2], kept)
+    while not any(step[0] == "refused" for step in seen):
+        assert result[2] is not None
+        grants = router.grants(result[2])
+        if grants:  # the step needs them: without, both shards refuse it and change nothing
+            with pytest.raises(InvalidRequestError, match="next step writes"):
+                shard.decode(result[2])
+            seen.append(("refused", tuple(g.request_id for g in grants)))
+        result = shard.decode(result[2], grants)
+        router.saw(result)
+        seen.append(shape(result))
+    assert result[2] is not None
+    cached = shard.filter(result[2], tuple(i for i in result[2].request_ids if i != 3))
     seen.append(("filter", cached.request_ids, cached.max_tokens, cached.current_tokens))
     result = (None, None, cached)
     while result[2] is not None:
-        result = shard.decode(result[2])
+        result = shard.decode(result[2], router.grants(result[2]))
+        router.saw(result)
         seen.append(shape(result))
     return seen
 
@@ -108,5 +160,7 @@ def test_the_fake_shard_keeps_batches_as_the_real_shard_does(tiny_model_dir: Pat
     real = scenario(Real(tiny_model_dir, budget=12))
     fake = scenario(Fake(budget=12))
     assert fake == real
-    # The scenario exercised what the fake used to get wrong: budgeted later chunks, block-sized max_tokens.
-    assert any(step[2] is not None and step[2][2] > 1 for step in real if step[0] != "filter")
+    # The scenario exercised what the fake used to get wrong: budgeted later chunks, block-sized max_tokens,
+    # and a step refused for want of a block.
+    assert any(step[2] is not None and step[2][2] > 1 for step in real if step[0] not in ("filter", "refused"))
+    assert ("refused", (2,)) in real

@@ -66,19 +66,16 @@ def static_batch(batch_id: int, batch_size: int, sequence_length: int, decode_le
                  vocab_size: int, rng: random.Random) -> Batch:
     """`batch_size` greedy requests of random ids that ignore EOS, so every run decodes in full."""
     per_request = blocks_per_request(sequence_length, decode_length, block_size)
-    positions = sequence_length + decode_length
     requests = []
     for i in range(batch_size):
+        # Every block the request writes, from the start: a static batch never asks for more.
         blocks = tuple(range(1 + i * per_request, 1 + (i + 1) * per_request))
-        # slots: [positions], slot = block * block_size + offset (docs/architecture.md, "Memory model")
-        slots = tuple(blocks[p // block_size] * block_size + p % block_size for p in range(positions))
         requests.append(Request(
             id=i,
             input_ids=tuple(rng.randrange(vocab_size) for _ in range(sequence_length)),
             sampling=SamplingParams(),
             stopping=StoppingParams(max_new_tokens=decode_length + 1, ignore_eos=True),
             blocks=blocks,
-            slots=slots,
         ))
     return Batch(id=batch_id, requests=tuple(requests), max_tokens=batch_size * per_request * block_size,
                  max_blocks=per_request)

@@ -9,6 +9,7 @@ can re-emit each record at its level, whatever format the launcher itself prints
 
 from __future__ import annotations
 
+import enum
 import socket
 import sys
 from collections.abc import Mapping
@@ -51,6 +52,7 @@ ROUTER_FLAGS: dict[str, str] = {
     "decode_steps": "--decode-steps",
     "decode_call_ms": "--decode-call-ms",
     "prefix_caching": "--prefix-caching",
+    "scheduling_policy": "--scheduling-policy",
     "max_client_batch_size": "--max-client-batch-size",
     "api_key": "--api-key",
     "cors_allow_origin": "--cors-allow-origin",
@@ -126,6 +128,8 @@ def router_argv(router: RouterConfig) -> list[str]:
         elif isinstance(value, tuple):
             for item in value:
                 argv += [flag, str(item)]
+        elif isinstance(value, enum.Enum):  # a choice: its value is what the flag takes
+            argv += [flag, str(value.value)]
         else:
             argv += [flag, str(value)]
     return argv

@@ -65,5 +65,9 @@ def windowed_kv(windows: Sequence[int | None], kv_token: int, max_total: int) ->
         return kv_token, "no sliding windows: every layer keeps every position"
     value = round(windowed_kv_bytes_per_token(windows, max_total, kv_token // len(windows)))
     local = sum(window is not None for window in windows)
+    # The paged cache holds a position for every layer in one block: only when every layer has a window can the
+    # router give blocks back (docs/scheduling.md, "Sliding windows"); a global layer keeps them all.
+    kept = ("the router frees the blocks behind every layer's window as sequences grow" if local == len(windows)
+            else "the KV cache keeps every block while a global layer needs it")
     return value, (f"at max_total_tokens ({max_total}) if the {local} of {len(windows)} layers with a sliding window "
-                   "kept only its positions; the KV cache keeps every layer's blocks today")
+                   f"kept only its positions; {kept}")

@@ -34,7 +34,7 @@ class HealthClient(Protocol):
 
 
 def probe_batch(token_id: int) -> Batch:
-    """One greedy one-token request writing its single KV entry into block 0, slot 0
+    """One greedy one-token request writing its single KV entry into block 0, position 0
     (block 0 is never handed out by the allocators, docs/architecture.md, "Decisions": The router owns memory)."""
     request = Request(
         id=HEALTH_REQUEST_ID,
@@ -42,7 +42,6 @@ def probe_batch(token_id: int) -> Batch:
         sampling=SamplingParams(),
         stopping=StoppingParams(max_new_tokens=1),
         blocks=(0,),
-        slots=(0,),
     )
     return Batch(id=HEALTH_BATCH_ID, requests=(request,), max_tokens=1, max_blocks=1)
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from tgictl.errors import TgictlError
-from tgictl.proto.messages import Batch, CachedBatch, StepResult
+from tgictl.proto.messages import Batch, BlockGrant, CachedBatch, StepResult
 from tgictl.runtime.router.metrics import RouterMetrics
 from tgictl.runtime.router.scheduling.batcher import ShardClient
 
@@ -54,7 +54,8 @@ class MeteredClient:
                 m.skipped_tokens.observe(generation.accepted_tokens)
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
         m = self._metrics
         m.batch_next_size.observe(batch.size)
@@ -62,12 +63,14 @@ class MeteredClient:
             m.batch_concat.labels(reason="chunking").inc()
         m.prompt_tokens.inc(sum(len(r.input_ids) for r in batch.requests))
         m.prefix_cache_hit_tokens.inc(sum(r.cache_len for r in batch.requests))
-        return await self._step("prefill", self._client.prefill(batch, cached, max_prefill_tokens))
+        return await self._step("prefill", self._client.prefill(batch, cached, max_prefill_tokens, grants))
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+    async def decode(
+        self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
+    ) -> StepResult:
         if len(batches) > 1:
             self._metrics.batch_concat.labels(reason="backpressure").inc()
-        return await self._step("decode", self._client.decode(batches, steps))
+        return await self._step("decode", self._client.decode(batches, steps, grants))
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         start = time.perf_counter()

@@ -6,7 +6,8 @@ collide; nothing lives at module level.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
@@ -15,7 +16,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from tgictl.config import BASE_MODEL_LABEL
 from tgictl.runtime.router.request import EndEvent
@@ -175,12 +178,15 @@ class RouterMetrics:
         kv_total: Callable[[], float],
         kv_free: Callable[[], float],
         kv_cached: Callable[[], float],
+        preemptions: Callable[[], float] = lambda: 0,
+        waiting_priorities: Callable[[], Iterable[int]] = tuple,
     ) -> None:
         """Gauges read at scrape time from the live objects (no bookkeeping to drift)."""
         self.queue_size.set_function(queue_size)
         self.kv_blocks_total.set_function(kv_total)
         self.kv_blocks_free.set_function(kv_free)
         self.kv_blocks_cached.set_function(kv_cached)
+        self.registry.register(_SchedulerFigures(preemptions, waiting_priorities))
 
     def observe_end(self, request_s: float, end: EndEvent, adapter: str | None = None) -> None:
         """A request that ended normally, `request_s` after it was admitted."""
@@ -195,3 +201,24 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SchedulerFigures(Collector):
+    """Read from the scheduler at scrape time: preemptions so far (KV blocks ran out: a request gave its blocks
+    back and resumed later, docs/architecture.md, "Scheduling") and the waiting requests per priority (one
+    series per priority that has any: 0 for all under --scheduling-policy fcfs)."""
+
+    def __init__(self, preemptions: Callable[[], float], waiting_priorities: Callable[[], Iterable[int]]) -> None:
+        self._preemptions = preemptions
+        self._waiting_priorities = waiting_priorities
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield CounterMetricFamily(
+            "tgictl_request_preemptions", "Running requests preempted because the KV cache had no block for "
+            "their next step (each resumes later where it stopped)", value=self._preemptions(),
+        )
+        waiting = GaugeMetricFamily("tgictl_queue_size_by_priority", "Requests waiting, by their priority",
+                                    labels=["priority"])
+        for priority, count in sorted(Tally(self._waiting_priorities()).items()):
+            waiting.add_metric([str(priority)], count)
+        yield waiting

@@ -22,6 +22,7 @@ class ValidatedRequest:
     max_total_new_tokens: int | None = None  # across all rounds; None = max_new_tokens
     adapter_index: int = 0  # LoRA adapter: 0 = the base model, k = the shard's Info.adapters[k - 1]
     adapter: str | None = None  # its name (metrics, the OpenAI `model` echo); None = the base model
+    priority: int = 0  # --scheduling-policy priority: lower runs first (vLLM's semantics); 0 otherwise
     # The request's OpenTelemetry span context (an opentelemetry SpanContext), for the batch spans'
     # links; None when not traced.
     trace: object | None = field(default=None, compare=False)

@@ -22,7 +22,7 @@ from typing import Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tgictl.config import BASE_MODEL_ALIASES, RouterConfig
+from tgictl.config import BASE_MODEL_ALIASES, RouterConfig, SchedulingPolicy
 from tgictl.errors import OverloadedError, TemplateError, UnhealthyError, ValidationError
 from tgictl.progress import phase
 from tgictl.proto.messages import Info, WarmupRequest, WarmupResult
@@ -42,6 +42,7 @@ from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
 from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
 from tgictl.runtime.router.scheduling.queue import Queue
+from tgictl.runtime.router.scheduling.scheduler import release_window
 from tgictl.runtime.router.text.reasoning import REASONING_FORMATS
 from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 from tgictl.runtime.router.traced_client import TracedClient
@@ -147,6 +148,7 @@ class RouterService:
                 vocab_size=info.vocab_size,
                 adapters=info.adapters,
                 base_model_names=(model_id, *BASE_MODEL_ALIASES),
+                priority_scheduling=config.scheduling_policy is SchedulingPolicy.PRIORITY,
             ),
             grammars,
         )
@@ -160,7 +162,7 @@ class RouterService:
             cache_events = KvEventLog(info.block_size, self.kv_events.publish)
             cache_events.cleared()  # a (re)started replica holds nothing: consumers drop what they knew of it
         self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching, cache_events)
-        self.queue = Queue(self.allocator, block_size=info.block_size)
+        self.queue = Queue(self.allocator, block_size=info.block_size, policy=config.scheduling_policy)
         step_client: ShardClient = MeteredClient(client, self.metrics)
         if config.otlp_endpoint is not None:
             step_client = TracedClient(step_client, self._request_trace)
@@ -174,6 +176,8 @@ class RouterService:
                 max_batch_size=limits.max_batch_size,
                 decode_steps=config.decode_steps,
                 decode_call_ns=round(config.decode_call_ms * 1e6),
+                speculate=info.speculate,
+                release_window=release_window(info.layer_windows),
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )
@@ -192,6 +196,8 @@ class RouterService:
             kv_total=lambda: allocator.total_blocks,
             kv_free=lambda: allocator.free_blocks,
             kv_cached=lambda: allocator.cached_blocks,
+            preemptions=lambda: self.batcher.scheduler.preemptions,
+            waiting_priorities=lambda: (entry.priority for entry in self.queue.entries()),
         )
         register_gateway_gauges(self.metrics.registry, GatewaySources(
             waiting=lambda: len(self.queue),

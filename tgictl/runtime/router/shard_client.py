@@ -20,6 +20,7 @@ from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.generate_pb2_grpc import TextGenerationServiceStub
 from tgictl.proto.messages import (
     Batch,
+    BlockGrant,
     CachedBatch,
     ClearCacheRequest,
     DecodeRequest,
@@ -123,9 +124,10 @@ class ShardedClient:
         )
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
-        message = convert.prefill_request_to_pb(PrefillRequest(batch, cached, max_prefill_tokens))
+        message = convert.prefill_request_to_pb(PrefillRequest(batch, cached, max_prefill_tokens, tuple(grants)))
         metadata = grpc_metadata()  # the batch span's trace context, when tracing is on
         replies = await self._all(lambda s: s.Prefill(message, metadata=metadata))
         return _merge([convert.prefill_response_from_pb(r) for r in replies])
@@ -140,8 +142,10 @@ class ShardedClient:
         message = convert.unload_adapter_request_to_pb(adapter_index)
         await self._all(lambda s: s.UnloadAdapter(message), refusal=AdapterError)
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
-        message = convert.decode_request_to_pb(DecodeRequest(tuple(batches), steps))
+    async def decode(
+        self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
+    ) -> StepResult:
+        message = convert.decode_request_to_pb(DecodeRequest(tuple(batches), steps, tuple(grants)))
         metadata = grpc_metadata()
         replies = await self._all(lambda s: s.Decode(message, metadata=metadata))
         return _merge([convert.decode_response_from_pb(r) for r in replies])

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from opentelemetry.trace import SpanContext, SpanKind
 
-from tgictl.proto.messages import Batch, CachedBatch, StepResult
+from tgictl.proto.messages import Batch, BlockGrant, CachedBatch, StepResult
 from tgictl.runtime.router.scheduling.batcher import ShardClient
 from tgictl.tracing import links, tracer
 
@@ -24,20 +24,23 @@ class TracedClient:
         return links(self._request_trace(i) for i in request_ids)
 
     async def prefill(
-        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None
+        self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
+        grants: Sequence[BlockGrant] = (),
     ) -> StepResult:
         ids = [r.id for r in batch.requests] + list(cached.request_ids if cached is not None else ())
         attributes = {"tgictl.batch.new_requests": batch.size, "tgictl.batch.size": len(ids),
                       "tgictl.batch.prefill_tokens": sum(len(r.input_ids) - r.cache_len for r in batch.requests)}
         with tracer().start_as_current_span("prefill", kind=SpanKind.CLIENT, links=self._links(ids),
                                             attributes=attributes):
-            return await self._client.prefill(batch, cached, max_prefill_tokens)
+            return await self._client.prefill(batch, cached, max_prefill_tokens, grants)
 
-    async def decode(self, batches: Sequence[CachedBatch], steps: int = 1) -> StepResult:
+    async def decode(
+        self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
+    ) -> StepResult:
         ids = [i for b in batches for i in b.request_ids]
         with tracer().start_as_current_span("decode", kind=SpanKind.CLIENT, links=self._links(ids),
                                             attributes={"tgictl.batch.size": len(ids), "tgictl.batch.steps": steps}):
-            return await self._client.decode(batches, steps)
+            return await self._client.decode(batches, steps, grants)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
         return await self._client.filter_batch(batch_id, request_ids)

@@ -23,6 +23,7 @@ from tgictl.runtime.router.text.tokenizer import RouterTokenizer
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1  # `priority`: a 32-bit integer, as metric labels and logs show it
 _FLOAT_FIELDS = (
     "temperature", "repetition_penalty", "frequency_penalty", "presence_penalty", "top_p", "typical_p", "min_p"
 )
@@ -39,6 +40,7 @@ class ValidationLimits:
     vocab_size: int | None = None  # the model's: token-id prompts must stay below it
     adapters: tuple[str, ...] = ()  # the shard's LoRA adapter slots, in adapter_index order (from 1; "" free)
     base_model_names: tuple[str, ...] = BASE_MODEL_ALIASES  # names that mean "no adapter"
+    priority_scheduling: bool = False  # --scheduling-policy priority: `priority` orders the queue
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class GenerationInput:
     adapter_id: str | None = None  # TGI's parameters.adapter_id: a LoRA adapter's name (docs/architecture.md, "Multi-LoRA")
     # OpenAI's `model`: names an adapter when adapters are loaded; ignored otherwise (as TGI does).
     model: str | None = None
+    priority: int | None = None  # vLLM's: lower runs first, with --scheduling-policy priority (docs/scheduling.md)
 
 
 # The shards compute in float32: a larger double (1e308) becomes inf there and fails the batch.
@@ -208,6 +211,7 @@ class Validator:
                 f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
             )
         adapter_index, adapter = self._adapter(request)
+        priority = self._priority(request.priority)
         if request.grammar is not None:  # TGI checks the grammar last, too
             if self._grammars is None:
                 raise ValidationError("grammar is not supported")
@@ -223,7 +227,20 @@ class Validator:
             decoder_input_details=request.decoder_input_details,
             adapter_index=adapter_index,
             adapter=adapter,
+            priority=priority,
         )
+
+    def _priority(self, priority: int | None) -> int:
+        """vLLM's rule: a priority other than 0 needs the priority policy (else it would silently mean nothing)."""
+        if priority is None or priority == 0:
+            return 0
+        if not self.limits.priority_scheduling:
+            raise ValidationError(
+                "`priority` other than 0 needs the server to run with --scheduling-policy priority"
+            )
+        if not I32_MIN <= priority <= I32_MAX:
+            raise ValidationError(f"`priority` must be >= {I32_MIN} and <= {I32_MAX}")
+        return priority
 
     def _adapter(self, request: GenerationInput) -> tuple[int, str | None]:
         """(adapter_index, name) of the request's adapter; (0, None) for the base model."""

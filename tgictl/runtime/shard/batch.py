@@ -2,8 +2,10 @@
 
 A `ShardBatch` is built once from the router's `messages.Batch` and then lives across steps under its
 id. Each row carries what the next forward needs: the tokens seen so far, where its K/V goes (the
-router's blocks and slots, docs/architecture.md, "Decisions": The router owns memory), how many tokens are already in the cache and how many
-the next forward computes. A row is *prefilling* while part of its prompt has no K/V yet; it then
+router's blocks, docs/architecture.md, "Decisions": The router owns memory: the request's, then the ones
+later calls grant; slot = block * block_size + offset), how many tokens are already in the cache and how many
+the next forward computes. A row never writes past its blocks: a step runs only while every row's next
+positions fit (`fits_next_step`), and drafts are cut to the room left. A row is *prefilling* while part of its prompt has no K/V yet; it then
 computes `chunk_len` prompt tokens per step (chunked prefill) and emits nothing until the prompt is
 done. Afterwards it decodes one token per step.
 
@@ -19,7 +21,7 @@ block tables the attention metadata is built from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.lora import StepAdapters, group_tokens
-from tgictl.proto.messages import Batch, CachedBatch, Request
+from tgictl.proto.messages import Batch, BlockGrant, CachedBatch, Request
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, GrammarFailure, Matcher
 from tgictl.runtime.shard.sampling.sampler import (
     NextTokenChooser,
@@ -45,6 +47,8 @@ class RowState:
     all_ids: list[int]  # prompt + generated tokens, in order
     cache_len: int  # positions 0 .. cache_len - 1 have K/V in the cache
     chunk_len: int  # tokens the next forward computes (1 once decoding)
+    blocks: list[int]  # the request's blocks, then every granted one, in sequence order
+    capacity: int  # positions the blocks hold: len(blocks) * block_size
     generated: int = 0  # tokens emitted so far (also the request's sampling step)
     # Prompt logprobs gathered over the chunks, when the request asked for them (NaN where none exists).
     prompt_logprobs: list[float] | None = None
@@ -62,6 +66,23 @@ class RowState:
     @property
     def prompt_len(self) -> int:
         return len(self.request.input_ids)
+
+    @property
+    def sampling_step(self) -> int:
+        """The step its next token is drawn at: the request's tokens so far, earlier rounds included."""
+        return self.request.sampling.step_offset + self.generated
+
+    @property
+    def fits_next_step(self) -> bool:
+        """The next forward writes positions cache_len .. len(all_ids) + len(draft) - 1: all inside the blocks."""
+        return len(self.all_ids) + len(self.draft) <= self.capacity
+
+    def add_blocks(self, blocks: Sequence[int], block_size: int) -> None:
+        self.blocks.extend(blocks)
+        self.capacity = len(self.blocks) * block_size
+
+    def slot(self, position: int, block_size: int) -> int:
+        return self.blocks[position // block_size] * block_size + position % block_size
 
     @property
     def prefilling(self) -> bool:
@@ -93,7 +114,7 @@ class StepInputs:
     # drafts (each of their tokens is a decode sequence of its own, ShardBatch._attention_layout).
     cache_lens: list[int]
     new_lens: list[int]
-    block_tables: list[tuple[int, ...]]
+    block_tables: list[list[int]]
     # Prompt logprobs: (batch row, first logit row, count) per row that computes them this step.
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     # [B] logit rows each request samples from (1 + its draft length); None: one each.
@@ -129,22 +150,34 @@ def _check_request(request: Request, block_size: int, num_blocks: int, vocab_siz
         )
     if min(request.input_ids) < 0 or max(request.input_ids) >= vocab_size:
         raise InvalidRequestError(f"request {rid}: token ids must be in 0 .. {vocab_size - 1}")
-    # Every position that is ever written: the prompt and all generated tokens but the last.
-    needed = prompt_len + request.stopping.max_new_tokens - 1
-    if len(request.slots) < needed:
+    # The first steps write the prompt; later positions get their blocks with the steps that need them.
+    if len(request.blocks) * block_size < prompt_len:
         raise InvalidRequestError(
-            f"request {rid}: needs {needed} slots (prompt + max_new_tokens - 1), got {len(request.slots)}"
+            f"request {rid}: {len(request.blocks)} blocks of {block_size} cannot hold its {prompt_len} prompt tokens"
         )
-    if len(request.blocks) * block_size < len(request.slots):
-        raise InvalidRequestError(
-            f"request {rid}: {len(request.blocks)} blocks of {block_size} cannot hold {len(request.slots)} slots"
-        )
-    if min(request.blocks) < 0 or max(request.blocks) >= num_blocks:
-        raise InvalidRequestError(f"request {rid}: block ids must be in 0 .. {num_blocks - 1}")
-    # Writes go by slot but attention reads by block table: the two must describe the same places.
-    blocks = request.blocks
-    if any(s != blocks[p // block_size] * block_size + p % block_size for p, s in enumerate(request.slots)):
-        raise InvalidRequestError(f"request {rid}: slots must be block * block_size + offset of its blocks")
+    check_block_ids(f"request {rid}", request.blocks, num_blocks)
+
+
+def check_block_ids(owner: str, blocks: Sequence[int], num_blocks: int) -> None:
+    if blocks and (min(blocks) < 0 or max(blocks) >= num_blocks):
+        raise InvalidRequestError(f"{owner}: block ids must be in 0 .. {num_blocks - 1}")
+
+
+def apply_grants(
+    batches: Sequence[ShardBatch], grants: Sequence[BlockGrant], num_blocks: int, finished: Collection[int] = ()
+) -> None:
+    """Append granted blocks to their rows in `batches`; a grant for a request in `finished` (it ended in a
+    step run ahead, which the router has not seen yet) is ignored. All or nothing: every grant is checked
+    before any row changes."""
+    rows = {row.request.id: (row, batch.block_size) for batch in batches for row in batch.rows}
+    for grant in grants:
+        if grant.request_id not in rows and grant.request_id not in finished:
+            raise InvalidRequestError(f"a grant names request {grant.request_id}, which is not in the batch")
+        check_block_ids(f"the grant of request {grant.request_id}", grant.blocks, num_blocks)
+    for grant in grants:
+        if grant.request_id in rows:
+            row, block_size = rows[grant.request_id]
+            row.add_blocks(grant.blocks, block_size)
 
 
 def _matcher(request: Request, grammars: GrammarCompiler | None) -> tuple[Matcher | None, str | None]:
@@ -199,6 +232,8 @@ class ShardBatch:
                     all_ids=list(request.input_ids),
                     cache_len=request.cache_len,
                     chunk_len=rest if request.chunk_len is None else request.chunk_len,
+                    blocks=list(request.blocks),
+                    capacity=len(request.blocks) * block_size,
                     # Cached prompt tokens were not recomputed and the first token has no predecessor.
                     prompt_logprobs=[float("nan")] * (request.cache_len + 1) if request.prefill_logprobs else None,
                     prompt_top=(
@@ -232,7 +267,7 @@ class ShardBatch:
         return CachedBatch(
             id=self.id,
             request_ids=self.request_ids,
-            max_tokens=sum(len(row.request.blocks) for row in self.rows) * self.block_size,
+            max_tokens=sum(row.capacity for row in self.rows),
             # The next forward's tokens: chunk lengths of prefilling rows, 1 per decoding row (TGI).
             current_tokens=sum(row.chunk_len for row in self.rows),
         )
@@ -276,27 +311,40 @@ class ShardBatch:
             history=TokenHistory.concatenate([b.history for b in batches]),
         )
 
-    def _attention_layout(self) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
+    def fits_next_step(self) -> bool:
+        """Whether every row's next forward stays inside its blocks (else the router must grant more first)."""
+        return all(row.fits_next_step for row in self.rows)
+
+    def check_fits_next_step(self) -> None:
+        """Refuse a step that would write past a row's blocks (the router grants blocks before the step)."""
+        for row in self.rows:
+            if not row.fits_next_step:
+                raise InvalidRequestError(
+                    f"request {row.request.id}: its next step writes {len(row.all_ids) + len(row.draft)} positions "
+                    f"but its {len(row.blocks)} blocks hold {row.capacity}; grant blocks before the step that needs them"
+                )
+
+    def _attention_layout(self) -> tuple[list[int], list[int], list[list[int]]]:
         """(cache_lens, new_lens, block tables) for the attention metadata. A row verifying k drafts is
         k + 1 decode sequences over its one block table (sequence j sees its first cache_len + j + 1
         positions), so each of its tokens is attended exactly as a plain decode step would attend it
         (same kernel, same rounding in bf16): its drafts' K/V is stored before attention runs."""
         if not any(row.draft for row in self.rows):
             return [row.cache_len for row in self.rows], [row.chunk_len for row in self.rows], [
-                row.request.blocks for row in self.rows
+                row.blocks for row in self.rows
             ]
         cache_lens: list[int] = []
         new_lens: list[int] = []
-        tables: list[tuple[int, ...]] = []
+        tables: list[list[int]] = []
         for row in self.rows:
             if row.draft:
                 cache_lens.extend(range(row.cache_len, row.cache_len + row.chunk_len))
                 new_lens.extend([1] * row.chunk_len)
-                tables.extend([row.request.blocks] * row.chunk_len)
+                tables.extend([row.blocks] * row.chunk_len)
             else:
                 cache_lens.append(row.cache_len)
                 new_lens.append(row.chunk_len)
-                tables.append(row.request.blocks)
+                tables.append(row.blocks)
         return cache_lens, new_lens, tables
 
     def step_inputs(self, device: torch.device, num_adapters: int = 0) -> StepInputs:
@@ -315,6 +363,7 @@ class ShardBatch:
         spans: list[tuple[int, int, int]] = []
         counts: list[int] = []
         offset = 0
+        bs = self.block_size
         for b, row in enumerate(self.rows):
             start, n = row.cache_len, row.chunk_len
             if row.draft:  # a decoding row: its pending token, then the drafts; every position is scored
@@ -333,7 +382,10 @@ class ShardBatch:
                 sample_rows.append(len(logit_rows) - 1)
                 counts.append(1)
             positions.extend(range(start, start + n))
-            slots.extend(row.request.slots[start : start + n])
+            if n == 1:  # a decode row: one slot, no range
+                slots.append(row.slot(start, bs))
+            else:
+                slots.extend(row.slot(p, bs) for p in range(start, start + n))
             offset += n
         cache_lens, new_lens, tables = self._attention_layout()
         adapters = self._adapters(logit_rows, device, num_adapters) if num_adapters else None

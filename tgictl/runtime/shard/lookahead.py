@@ -17,7 +17,7 @@ what the kept step becomes:
   two concatenated (the same tokens as one mixed forward, in a separate forward).
 - ClearCache of it (or of all) and Warmup drop it.
 K/V: the step writes each row's pending token into that row's next slot, inside the router's allocation
-for the row. A row the router stops meanwhile frees its blocks only after this job was queued, so a later
+for the row (a batch runs ahead only while every row's blocks hold the step: `ShardBatch.fits_next_step`). A row the router stops meanwhile frees its blocks only after this job was queued, so a later
 owner of the slot writes it in a later job, and the position is past the tokens the router publishes to its
 prefix cache.
 """
@@ -66,9 +66,10 @@ class StepAhead:
         self.steps_used = 0  # of them, answered a Decode or Prefill
 
     def eligible(self, batch: ShardBatch | None) -> bool:
-        """Whether to step `batch` ahead: every row decodes (no prompt chunk still to compute)."""
+        """Whether to step `batch` ahead: every row decodes (no prompt chunk still to compute) and its blocks
+        hold the step (otherwise the router's next call brings the blocks first)."""
         return self.enabled and self._kept is None and batch is not None and batch.size > 0 \
-            and not any(row.prefilling for row in batch.rows)
+            and not any(row.prefilling for row in batch.rows) and batch.fits_next_step()
 
     def holds(self, batch_id: int) -> bool:
         return self._kept is not None and self._kept.batch_id == batch_id
@@ -80,7 +81,7 @@ class StepAhead:
             return
         batch = self._store.get(batch_id)
         request_ids = batch.request_ids
-        kv_tokens = {row.request.id: len(row.request.blocks) * batch.block_size for row in batch.rows}
+        kv_tokens = {row.request.id: row.capacity for row in batch.rows}
         try:
             before_step("Decode")
             output = self._runtime.decode([batch])
@@ -142,6 +143,14 @@ class StepAhead:
         kept_ids = tuple(rid for rid in before if rid in wanted)
         max_tokens = sum(self._kept.kv_tokens[rid] for rid in kept_ids)
         return CachedBatch(id=batch_id, request_ids=kept_ids, max_tokens=max_tokens, current_tokens=len(kept_ids))
+
+    def ended(self, batch_id: int) -> frozenset[int]:
+        """Requests of `batch_id` that finished in the kept step: the router has not seen that yet."""
+        if not self.holds(batch_id):
+            return frozenset()
+        assert self._kept is not None
+        running = self._store.get(batch_id).request_ids if batch_id in self._store else ()
+        return frozenset(self._kept.request_ids) - frozenset(running)
 
     def drop(self, batch_id: int | None) -> bool:
         """Forget the kept step of `batch_id` (None: whichever); whether one was kept."""

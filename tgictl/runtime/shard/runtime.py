@@ -231,6 +231,7 @@ class ShardRuntime:
         new = self.new_batch(batch)
         concat_ns = None
         if cached is not None:
+            cached.check_fits_next_step()  # its rows step in this forward too
             concat_start = time.perf_counter_ns()
             new = ShardBatch.concatenate([cached, new])
             concat_ns = time.perf_counter_ns() - concat_start
@@ -238,6 +239,8 @@ class ShardRuntime:
 
     def decode(self, batches: Sequence[ShardBatch]) -> StepOutput:
         start = time.perf_counter_ns()
+        for batch in batches:  # before anything is consumed: a refusal changes nothing
+            batch.check_fits_next_step()
         batch = ShardBatch.concatenate(batches)  # one batch comes back as is; none is an error
         concat_ns = time.perf_counter_ns() - start if len(batches) > 1 else None
         return self._step(batch, start, concat_ns)

@@ -37,8 +37,8 @@ from tgictl.errors import InvalidRequestError, TgictlError, UnhealthyError, boun
 from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.generate_pb2_grpc import TextGenerationServiceServicer
-from tgictl.proto.messages import CachedBatch, StepResult, WarmupResult
-from tgictl.runtime.shard.batch import ShardBatch
+from tgictl.proto.messages import BlockGrant, CachedBatch, StepResult, WarmupResult
+from tgictl.runtime.shard.batch import ShardBatch, apply_grants
 from tgictl.runtime.shard.batch_store import BatchStore
 from tgictl.runtime.shard.decode_steps import check_steps, merge_steps
 from tgictl.runtime.shard.faults import StepFaults
@@ -353,10 +353,13 @@ class ShardServicer(TextGenerationServiceServicer):
         ahead_id: int | None = None  # the cached batch, when its step already ran ahead
         if message.cached_batch is not None:
             consumed.append(message.cached_batch.id)
+            self._grant(consumed, message.grants)
             if self.ahead.holds(message.cached_batch.id):
                 ahead_id = message.cached_batch.id
             else:
                 cached = self.store.get(message.cached_batch.id)
+        elif message.grants:
+            raise InvalidRequestError("grants need a cached batch: they are for its requests")
         if batch_id in self.store and batch_id not in consumed:
             raise InvalidRequestError(f"batch {batch_id}: a cached batch already has this id")
         # The runtime validates the new batch before it touches `cached`, so a refusal changes nothing.
@@ -373,16 +376,26 @@ class ShardServicer(TextGenerationServiceServicer):
         message = convert.decode_request_from_pb(request)
         steps = check_steps(message.steps)
         ids = [b.id for b in message.batches]
+        self._grant(ids, message.grants)
         output = self.ahead.decode(ids, self._step)
         if output is None:
             output = self._step(ids)
         for _ in range(steps - 1):  # decode_steps.py: the next steps of the same batch, answered as one
-            if output[1] is None:
+            if output[1] is None or not output[1].fits_next_step():  # a row needs blocks: the router's next call
                 break
             self.store.replace(ids, output[1])
             ids = [output[1].id]
             output = merge_steps(output, self._step(ids))
         return self._store_step(ids, output)
+
+    def _grant(self, batch_ids: Sequence[int], grants: Sequence[BlockGrant]) -> None:
+        """The call's BlockGrants onto the rows of its stored batches (after a kept look-ahead step, the rows
+        it left; a grant for a request that step finished is ignored)."""
+        if not grants:
+            return
+        batches = [self.store.get(i) for i in batch_ids if i in self.store or not self.ahead.holds(i)]
+        ended = frozenset().union(*(self.ahead.ended(i) for i in batch_ids))
+        apply_grants(batches, grants, self.runtime.runner.kv_cache.num_blocks, ended)
 
     def _step(self, ids: Sequence[int]) -> StepOutput:
         self._faults.before_step("Decode")

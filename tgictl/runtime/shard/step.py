@@ -120,8 +120,9 @@ class ModelRunner:
         # _prompt_logprobs, never all at once (4,096 prompt tokens: 0.4 GB of bf16 logits).
         sampled = hidden if inputs.sample_rows is None else hidden.index_select(0, inputs.sample_rows)
         sample_logits = self.model.logits(sampled)
-        # A row's sampling step is its count of emitted tokens, so a discarded chunk token reuses it.
-        generated = [row.generated for row in rows]
+        # A row's sampling step is its count of emitted tokens (earlier rounds' included: step_offset), so a
+        # discarded chunk token reuses it.
+        generated = [row.sampling_step for row in rows]
         allowed = masks.allowed(self.vocab_size, self.device) if masks is not None else None
         for matcher, b in constrained:  # a matcher that hit a parser limit computing its mask: that row ends
             if matcher.is_error():
@@ -221,8 +222,9 @@ class ModelRunner:
         return generations, next_batch, timings
 
     def _draft(self, rows: list[RowState]) -> None:
-        """Give decoding rows their drafts for the next forward, within their max_new_tokens (a draft
-        is only ever written to a slot the row owns: every position up to prompt + max_new_tokens - 1)."""
+        """Give decoding rows their drafts for the next forward, within their max_new_tokens and their
+        blocks (a draft's K/V is written at the positions after the pending token: only where the row
+        holds blocks, docs/architecture.md, "Memory model")."""
         config = self.speculation
         decoding = [row for row in rows if row.chunk_len == row.pending == 1 and not row.prefilling]
         if not batch_drafts(config, len(decoding)):
@@ -230,7 +232,8 @@ class ModelRunner:
         for row in decoding:
             if row.matcher is not None:  # a grammar's rows get forced tokens instead
                 continue
-            limit = min(config.tokens, row.request.stopping.max_new_tokens - row.generated - 1)
+            room = row.capacity - len(row.all_ids)  # positions after the pending token's inside the blocks
+            limit = min(config.tokens, row.request.stopping.max_new_tokens - row.generated - 1, room)
             if limit < 1:
                 continue
             if row.drafter is None:

@@ -107,13 +107,11 @@ def assign_probe_blocks(batch: Batch, block_size: int) -> tuple[Batch, int]:
         count = math.ceil(len(request.input_ids) / block_size)
         blocks = tuple(range(next_block, next_block + count))
         next_block += count
-        slots = tuple(blocks[p // block_size] * block_size + p % block_size for p in range(len(request.input_ids)))
         requests.append(
             dataclasses.replace(
                 request,
                 id=index,
                 blocks=blocks,
-                slots=slots,
                 cache_len=0,
                 chunk_len=None,
                 stopping=StoppingParams(max_new_tokens=1, ignore_eos=True),

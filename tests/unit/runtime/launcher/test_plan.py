@@ -12,7 +12,7 @@ import pytest
 import typer
 
 from tgictl.commands.router import router as router_command
-from tgictl.config import LaunchConfig, LogConfig, RouterConfig
+from tgictl.config import LaunchConfig, LogConfig, RouterConfig, SchedulingPolicy
 from tgictl.errors import ConfigError
 from tgictl.runtime.launcher.child import LogLine, describe_exit, parse_line
 from tgictl.runtime.launcher.plan import (
@@ -62,11 +62,11 @@ def test_router_argv_passes_launcher_owned_flags_and_only_changed_options() -> N
     assert router_argv(router_config(served_model_name="org/model"))[4:6] == ["--served-model-name", "org/model"]
     changed = router_config(
         port=9000, max_total_tokens=512, max_input_tokens=500, api_key="k", cors_allow_origin=("a", "b"),
-        prefix_caching=False,
+        prefix_caching=False, scheduling_policy=SchedulingPolicy.PRIORITY,
     )
     assert router_argv(changed)[8:] == [
         "--graceful-termination-timeout", "90.0", "--max-input-tokens", "500", "--max-total-tokens", "512",
-        "--no-prefix-caching", "--cors-allow-origin", "a", "--cors-allow-origin", "b",
+        "--no-prefix-caching", "--scheduling-policy", "priority", "--cors-allow-origin", "a", "--cors-allow-origin", "b",
     ]  # fmt: skip
 
 

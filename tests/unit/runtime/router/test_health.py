@@ -16,7 +16,7 @@ def test_probe_writes_only_reserved_block_zero() -> None:
     batch = probe_batch(7)
     (request,) = batch.requests
     assert batch.id == HEALTH_BATCH_ID == 2**64 - 1
-    assert request.input_ids == (7,) and request.blocks == (0,) and request.slots == (0,)
+    assert request.input_ids == (7,) and request.blocks == (0,)
     assert request.stopping.max_new_tokens == 1 and not request.sampling.samples
 
 
@@ -62,17 +62,17 @@ class TimedClient(FakeServiceClient):
         super().__init__(step_delay_s=0.01)
         self.forwards: list[tuple[str, float, float]] = []
 
-    async def prefill(self, batch, cached, max_prefill_tokens=None):  # type: ignore[no-untyped-def]
+    async def prefill(self, batch, cached, max_prefill_tokens=None, grants=()):  # type: ignore[no-untyped-def]
         start = asyncio.get_running_loop().time()
         if batch.id == HEALTH_BATCH_ID:
             await asyncio.sleep(0.01)  # a real probe forward takes time too
-        result = await super().prefill(batch, cached, max_prefill_tokens)
+        result = await super().prefill(batch, cached, max_prefill_tokens, grants)
         self.forwards.append(("probe" if batch.id == HEALTH_BATCH_ID else "step", start, asyncio.get_running_loop().time()))
         return result
 
-    async def decode(self, batches, steps=1):  # type: ignore[no-untyped-def]
+    async def decode(self, batches, steps=1, grants=()):  # type: ignore[no-untyped-def]
         start = asyncio.get_running_loop().time()
-        result = await super().decode(batches, steps)
+        result = await super().decode(batches, steps, grants)
         self.forwards.append(("step", start, asyncio.get_running_loop().time()))
         return result
 
@@ -133,7 +133,7 @@ def test_health_never_waits_for_a_step(tiny_tokenizer_dir) -> None:  # type: ign
             self.step_started = asyncio.Event()
             self.release = asyncio.Event()
 
-        async def prefill(self, batch, cached, max_prefill_tokens=None):  # type: ignore[no-untyped-def]
+        async def prefill(self, batch, cached, max_prefill_tokens=None, grants=()):  # type: ignore[no-untyped-def]
             if batch.id != HEALTH_BATCH_ID:
                 self.step_started.set()
                 await self.release.wait()

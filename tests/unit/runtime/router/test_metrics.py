@@ -69,9 +69,23 @@ def test_gauges_read_live_values() -> None:
     assert value(metrics, "tgi_queue_size") == 3.0
 
 
+def test_preemptions_and_waiting_requests_by_priority_are_read_at_scrape_time() -> None:
+    metrics = RouterMetrics(max_input_tokens=100, max_total_tokens=200)
+    state: dict[str, object] = {"preempted": 0, "waiting": [5, -1, 5, 0]}
+    metrics.watch(queue_size=lambda: 4, kv_total=lambda: 10, kv_free=lambda: 1, kv_cached=lambda: 0,
+                  preemptions=lambda: state["preempted"], waiting_priorities=lambda: state["waiting"])  # type: ignore[arg-type,return-value]
+    assert value(metrics, "tgictl_request_preemptions_total") == 0.0
+    assert value(metrics, 'tgictl_queue_size_by_priority{priority="5"}') == 2.0
+    assert value(metrics, 'tgictl_queue_size_by_priority{priority="-1"}') == 1.0
+    state["preempted"], state["waiting"] = 3, [0]
+    assert value(metrics, "tgictl_request_preemptions_total") == 3.0
+    assert value(metrics, 'tgictl_queue_size_by_priority{priority="0"}') == 1.0
+    assert 'priority="5"' not in metrics.render().decode()  # nobody waits at 5 any more: its series is gone
+
+
 def _request(rid: int, prompt: int, cache_len: int) -> Request:
     return Request(id=rid, input_ids=tuple(range(10, 10 + prompt)), sampling=SamplingParams(),
-                   stopping=StoppingParams(max_new_tokens=2), blocks=(1, 2), slots=tuple(range(16, 16 + prompt + 1)),
+                   stopping=StoppingParams(max_new_tokens=2), blocks=(1, 2),
                    cache_len=cache_len)
 
 

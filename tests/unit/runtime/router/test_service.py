@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tgictl.testing.fake_shard import FakeServiceClient
-from tgictl.config import RouterConfig
+from tgictl.config import RouterConfig, SchedulingPolicy
 from tgictl.errors import OverloadedError, ValidationError
 from tgictl.runtime.router.http.app import create_app
 from tgictl.runtime.router.http.chat.turn import continue_final_message
@@ -227,3 +227,49 @@ def test_a_shard_that_cannot_chunk_is_refused(tiny_tokenizer_dir: Path) -> None:
 
     with pytest.raises(UnhealthyError, match="does not support chunked prefill"):
         run(tiny_tokenizer_dir, lambda s, f: asyncio.sleep(0), fake=FakeServiceClient(info_reply=fake_info(chunking=False)))
+
+
+def test_priority_on_both_apis_orders_the_queue_and_needs_the_priority_policy(tiny_tokenizer_dir: Path) -> None:
+    """Under fcfs a priority other than 0 is refused in each API's error shape; under --scheduling-policy
+    priority both APIs take it: with one request at a time, the later request of lower priority value runs
+    before the earlier one, and /metrics shows who waits at which priority."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    async def fcfs(service: RouterService, fake: FakeServiceClient) -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service)), base_url="http://r") as http:
+            tgi = await http.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2, "priority": 3}})
+            assert tgi.status_code == 422 and tgi.json()["error_type"] == "validation"
+            assert "--scheduling-policy priority" in tgi.json()["error"]
+            openai = await http.post("/v1/chat/completions", json={**chat, "priority": 3})
+            assert openai.status_code == 422 and openai.json()["error"]["type"] == "invalid_request_error"
+            assert "--scheduling-policy priority" in openai.json()["error"]["message"]
+            assert (await http.post("/v1/chat/completions", json={**chat, "priority": 0})).status_code == 200
+
+    async def by_priority(service: RouterService, fake: FakeServiceClient) -> None:
+        done: list[str] = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service)), base_url="http://r") as http:
+            async def send(name: str, path: str, body: dict[str, object]) -> None:
+                assert (await http.post(path, json=body)).status_code == 200
+                done.append(name)
+
+            first = asyncio.create_task(send("running", "/generate", {"inputs": "hi", "parameters": {
+                "max_new_tokens": 40, "priority": 5}}))
+            while not service.batcher.in_flight:
+                await asyncio.sleep(0.001)
+            later = asyncio.create_task(send("openai, priority 3", "/v1/chat/completions", {**chat, "priority": 3}))
+            while len(service.queue) < 1:
+                await asyncio.sleep(0.001)
+            urgent = asyncio.create_task(send("tgi, priority -1", "/generate", {"inputs": "hi", "parameters": {
+                "max_new_tokens": 2, "priority": -1}}))
+            while len(service.queue) < 2:
+                await asyncio.sleep(0.001)
+            metrics = (await http.get("/metrics")).text
+            assert 'tgictl_queue_size_by_priority{priority="-1"} 1.0' in metrics
+            assert 'tgictl_queue_size_by_priority{priority="3"} 1.0' in metrics
+            assert "tgictl_request_preemptions_total 0.0" in metrics
+            await asyncio.gather(first, later, urgent)
+        assert done == ["running", "tgi, priority -1", "openai, priority 3"]
+
+    run(tiny_tokenizer_dir, fcfs)
+    run(tiny_tokenizer_dir, by_priority, fake=FakeServiceClient(step_delay_s=0.005), max_batch_size=1,
+        scheduling_policy=SchedulingPolicy.PRIORITY)

@@ -170,3 +170,16 @@ def test_adapters_by_adapter_id_and_openai_model(tiny_model_dir: Path) -> None:
 def test_without_adapters_openai_model_is_ignored_but_adapter_id_is_checked(validator: Validator) -> None:
     assert validator.validate(GenerationInput(inputs="hi", model="gpt-4")).adapter_index == 0
     assert "adapters: none" in message(validator, adapter_id="lora")
+
+
+def test_priority_needs_the_priority_policy_and_a_32_bit_value(tiny_model_dir: Path, validator: Validator) -> None:
+    """vLLM's rule: under fcfs a priority other than 0 is refused rather than silently meaning nothing."""
+    assert validator.validate(GenerationInput(inputs="hi", priority=0)).priority == 0
+    assert message(validator, priority=3) == (
+        "`priority` other than 0 needs the server to run with --scheduling-policy priority"
+    )
+    by_priority = Validator(RouterTokenizer(tiny_model_dir), ValidationLimits(
+        max_input_tokens=20, max_total_tokens=30, priority_scheduling=True))
+    assert by_priority.validate(GenerationInput(inputs="hi", priority=-7)).priority == -7
+    assert by_priority.validate(GenerationInput(inputs="hi")).priority == 0
+    assert message(by_priority, priority=2**31) == "`priority` must be >= -2147483648 and <= 2147483647"

@@ -25,9 +25,8 @@ def paged_request(rid: int, first_block: int, prompt: tuple[int, ...], new: int 
     """A request on consecutive blocks from `first_block`, sampled (temperature 0.5, seeded) unless told."""
     tokens = len(prompt) + new - 1
     blocks = tuple(range(first_block, first_block + math.ceil(tokens / BLOCK)))
-    slots = tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(tokens))
     sampling = sampling if sampling is not None else SamplingParams(temperature=0.5, seed=rid)
-    return Request(rid, prompt, sampling, StoppingParams(new), blocks=blocks, slots=slots)
+    return Request(rid, prompt, sampling, StoppingParams(new), blocks=blocks)
 
 
 def _warmup() -> WarmupRequest:

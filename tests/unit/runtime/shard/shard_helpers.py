@@ -33,12 +33,11 @@ class BlockPool:
 
     next_block: int = 1
 
-    def take(self, tokens: int, block_size: int = BLOCK_SIZE) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def take(self, tokens: int, block_size: int = BLOCK_SIZE) -> tuple[int, ...]:
         count = math.ceil(tokens / block_size)
         blocks = tuple(range(self.next_block, self.next_block + count))
         self.next_block += count
-        slots = tuple(blocks[p // block_size] * block_size + p % block_size for p in range(tokens))
-        return blocks, slots
+        return blocks
 
 
 def make_request(
@@ -53,16 +52,16 @@ def make_request(
     top_n_tokens: int = 0,
     cache_len: int = 0,
     chunk_len: int | None = None,
-    blocks: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ) -> Request:
-    blocks_slots = blocks if blocks is not None else pool.take(len(prompt) + max_new_tokens - 1)
+    """Blocks for every position the request writes (prompt + max_new_tokens - 1), unless given."""
+    blocks = blocks if blocks is not None else pool.take(len(prompt) + max_new_tokens - 1)
     return Request(
         id=rid,
         input_ids=tuple(prompt),
         sampling=sampling or SamplingParams(),
         stopping=StoppingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos),
-        blocks=blocks_slots[0],
-        slots=blocks_slots[1],
+        blocks=blocks,
         cache_len=cache_len,
         chunk_len=chunk_len,
         prefill_logprobs=prefill_logprobs,

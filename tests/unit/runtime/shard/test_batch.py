@@ -9,8 +9,8 @@ import torch
 from shard_helpers import BlockPool, make_request
 
 from tgictl.errors import InvalidRequestError
-from tgictl.proto.messages import Batch, Request, SamplingParams
-from tgictl.runtime.shard.batch import ShardBatch
+from tgictl.proto.messages import Batch, BlockGrant, Request, SamplingParams
+from tgictl.runtime.shard.batch import ShardBatch, apply_grants
 
 VOCAB = 512
 CPU = torch.device("cpu")
@@ -44,7 +44,39 @@ def test_mixed_step_inputs_are_packed_in_batch_order() -> None:
     assert inputs.sample_rows is not None and inputs.sample_rows.tolist() == [0, 20, 21]
     assert inputs.prompt_spans == [(1, 1, 20)]
     assert inputs.cache_lens == [5, 0, 7] and inputs.new_lens == [1, 20, 9]
-    assert inputs.block_tables == [(1,), (2, 3), (4, 5, 6)]
+    assert inputs.block_tables == [[1], [2, 3], [4, 5, 6]]
+
+
+def test_slots_follow_the_blocks_granted_as_a_row_grows() -> None:
+    """A row admitted with its prompt's block only gets more with later calls (BlockGrant), anywhere in the
+    cache: its next positions write into them, and a step that would write past them is refused."""
+    pool = BlockPool()
+    request = make_request(pool, 1, list(range(1, 15)), max_new_tokens=8, blocks=(7,))  # 14 of 16 positions
+    batch = build([request])
+    row = batch.rows[0]
+    row.cache_len, row.chunk_len, row.generated = 14, 1, 3
+    row.all_ids += [90, 91, 92]  # 17 tokens: the next step writes positions 14 .. 16
+    assert not batch.fits_next_step()
+    with pytest.raises(InvalidRequestError, match="request 1: its next step writes 17 positions but its 1 blocks hold 16"):
+        batch.check_fits_next_step()
+    apply_grants([batch], [BlockGrant(1, (40,))], num_blocks=64)
+    assert batch.fits_next_step() and row.blocks == [7, 40] and batch.to_cached().max_tokens == 32
+    row.chunk_len = 3
+    inputs = batch.step_inputs(CPU)
+    assert inputs.slots.tolist() == [7 * 16 + 14, 7 * 16 + 15, 40 * 16]  # position 16 is block 40's first slot
+    assert inputs.block_tables == [[7, 40]]
+
+
+def test_grants_are_checked_before_any_row_changes() -> None:
+    pool = BlockPool()
+    batch = build([make_request(pool, 1, [1, 2], blocks=(1,)), make_request(pool, 2, [3, 4], blocks=(2,))])
+    with pytest.raises(InvalidRequestError, match="request 9, which is not in the batch"):
+        apply_grants([batch], [BlockGrant(1, (5,)), BlockGrant(9, (6,))], num_blocks=64)
+    with pytest.raises(InvalidRequestError, match="the grant of request 2: block ids must be in 0 .. 63"):
+        apply_grants([batch], [BlockGrant(1, (5,)), BlockGrant(2, (64,))], num_blocks=64)
+    assert [row.blocks for row in batch.rows] == [[1], [2]]  # neither call changed anything
+    apply_grants([batch], [BlockGrant(2, (6, 8)), BlockGrant(9, (7,))], num_blocks=64, finished={9})
+    assert [row.blocks for row in batch.rows] == [[1], [2, 6, 8]]  # a finished request's grant is ignored
 
 
 def test_decode_only_step_samples_every_logit_row() -> None:
@@ -86,13 +118,12 @@ def test_filter_keeps_batch_order_and_concatenate_keeps_the_first_id() -> None:
         (dict(cache_len=5), "cache_len must be in 0 .. 4"),
         (dict(chunk_len=0), "chunk_len must be in 1 .. 5"),
         (dict(input_ids=(1, 2, 3, 4, VOCAB)), "token ids must be in 0 .. 511"),
-        (dict(slots=tuple(range(16, 20))), "needs 8 slots"),
-        (dict(blocks=(64,), slots=tuple(range(64 * 16, 64 * 16 + 8))), "block ids must be in 0 .. 63"),
-        (dict(slots=tuple(range(17, 25))), "slots must be block \\* block_size \\+ offset"),
+        (dict(blocks=()), "0 blocks of 16 cannot hold its 5 prompt tokens"),
+        (dict(blocks=(64,)), "block ids must be in 0 .. 63"),
     ],
 )
 def test_invalid_requests_are_refused(change: dict[str, object], message: str) -> None:
-    request = make_request(BlockPool(), 1, [1, 2, 3, 4, 5], max_new_tokens=4)  # block 1: slots 16..23
+    request = make_request(BlockPool(), 1, [1, 2, 3, 4, 5], max_new_tokens=4)  # block 1: positions 0 .. 15
     with pytest.raises(InvalidRequestError, match=message):
         build([dataclasses.replace(request, **change)])
 

@@ -20,6 +20,7 @@ from tgictl.proto import convert
 from tgictl.proto import generate_pb2 as pb
 from tgictl.proto.messages import (
     Batch,
+    BlockGrant,
     DecodeRequest,
     Generation,
     PrefillRequest,
@@ -123,3 +124,41 @@ def test_a_step_count_out_of_range_is_refused_and_changes_nothing(tiny_model_dir
             assert await stub.Health(pb.HealthRequest()) == pb.HealthResponse()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_a_call_stops_where_a_rows_blocks_end_and_goes_on_once_granted(
+    tiny_model_dir: Path, tmp_path: Path, lookahead: bool
+) -> None:
+    """Row 1 holds one block (its 14-token prompt and 2 more positions), row 2 finishes after 2 tokens: a
+    Decode of 8 steps stops after the steps row 1's block holds (the look-ahead step does not run past it
+    either); the next Decode grants row 1 a block. The first Decode grants row 2 a block, which with
+    look-ahead it no longer needs: it finished in the step run ahead, which the router has not seen (the
+    grant is ignored). The tokens are those of the same requests holding all their blocks."""
+    prompt = tuple(range(30, 44))
+
+    def batch(short: bool) -> Batch:
+        first = paged_request(1, 1, prompt, 10, GREEDY)
+        return Batch(1, (dataclasses.replace(first, blocks=(1,)) if short else first,
+                         paged_request(2, 5, (5, 6, 7), 2, GREEDY)))
+
+    async def run(short: bool) -> tuple[list[int], list[int]]:
+        async with serving(tiny_model_dir, tmp_path / f"s{short}", [], lookahead=lookahead) as (stub, _):
+            step = convert.prefill_response_from_pb(await stub.Prefill(convert.prefill_request_to_pb(
+                PrefillRequest(batch(short)))))
+            ids = [i for g in step.generations if g.request_id == 1 for i in g.tokens.ids]
+            per_call = []
+            grants: tuple[BlockGrant, ...] = (BlockGrant(2, (21,)),)
+            while step.batch is not None:
+                step = convert.decode_response_from_pb(await stub.Decode(convert.decode_request_to_pb(
+                    DecodeRequest((step.batch,), 8, grants))))
+                got = [i for g in step.generations if g.request_id == 1 for i in g.tokens.ids]
+                ids += got
+                per_call.append(len(got))
+                grants = (BlockGrant(1, (20,)),) if short and len(per_call) == 1 else ()
+            return ids, per_call
+
+    short_ids, short_calls = asyncio.run(run(short=True))
+    full_ids, full_calls = asyncio.run(run(short=False))
+    assert short_ids == full_ids and len(full_ids) == 10
+    assert short_calls == [2, 7] and full_calls == [8, 1]

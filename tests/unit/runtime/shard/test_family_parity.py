@@ -132,11 +132,10 @@ def test_greedy_tokens_prefix_hits_and_continuations_match_transformers(
     run_to_end(runner, shard_batch(runner, 0, [first]), outputs)
     assert outputs.ids(0) == expected
     cached = 2 * 16  # whole blocks of the first request, as the router's radix cache hands them out
-    blocks, slots = pool.take(len(prompt) + 11)
-    shared = (first.blocks[:2] + blocks[2:], first.slots[:cached] + slots[cached:])
+    shared = first.blocks[:2] + pool.take(len(prompt) + 11)[2:]
     hit = make_request(pool, 1, prompt, max_new_tokens=12, ignore_eos=True, cache_len=cached, blocks=shared)
     continued = make_request(pool, 2, prompt + expected[:8], max_new_tokens=4, ignore_eos=True, cache_len=cached,
-                             blocks=(first.blocks, first.slots))
+                             blocks=first.blocks)
     for rid, request in ((1, hit), (2, continued)):
         run_to_end(runner, shard_batch(runner, rid, [request]), outputs)
     assert outputs.ids(1) == expected

@@ -111,7 +111,7 @@ def test_growing_batch_matches_transformers(
                 if rid in chunk_first:
                     request = make_request(
                         pool, rid, prompts[rid], max_new_tokens=NEW_TOKENS, chunk_len=chunk_first[rid],
-                        blocks=(request.blocks, request.slots),
+                        blocks=request.blocks,
                     )
                 group.append(request)
             new = shard_batch(runner, step_index, group)

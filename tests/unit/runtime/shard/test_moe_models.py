@@ -108,7 +108,7 @@ def test_greedy_tokens_of_a_growing_batch_equal_transformers(variant: str, varia
     requests = [make_request(pool, rid, p, max_new_tokens=GREEDY_STEPS, ignore_eos=True) for rid, p in
                 enumerate(prompts)]
     requests[5] = make_request(pool, 5, prompts[5], max_new_tokens=GREEDY_STEPS, ignore_eos=True, chunk_len=6,
-                               blocks=(requests[5].blocks, requests[5].slots))
+                               blocks=requests[5].blocks)
     joins = {0: [0, 1, 2], 4: [3, 4, 5]}
     outputs = Outputs()
     batch = None

@@ -118,8 +118,7 @@ def test_an_invalid_request_is_not_fatal(tiny_model_dir: Path, tmp_path: Path) -
 def test_later_chunks_follow_the_routers_prefill_budget(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Warmup said 32 tokens per forward; the router's Prefill says 8: the prompt's later chunks are 8."""
     prompt = tuple(range(40, 70))  # 30 tokens, first chunk 8
-    first = Request(1, prompt, SamplingParams(), StoppingParams(2), blocks=(1, 2), slots=tuple(range(16, 47)),
-                    chunk_len=8)
+    first = Request(1, prompt, SamplingParams(), StoppingParams(2), blocks=(1, 2), chunk_len=8)
 
     async def body() -> list[int]:
         async with serving(tiny_model_dir, tmp_path / "s", []) as (stub, servicer):

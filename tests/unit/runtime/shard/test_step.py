@@ -6,6 +6,7 @@ oracle for what batching (filter, concatenate, chunking) must leave unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -182,6 +183,28 @@ def test_chunked_sampled_request_draws_as_if_prefilled_at_once(runner: ModelRunn
     assert chunked.ids(1) == whole.ids(1)
 
 
+def test_a_request_resumed_at_its_step_offset_samples_what_it_would_have_in_one_go(runner: ModelRunner) -> None:
+    """The router resumes a preempted request (or a continuation round) as its prompt plus the tokens so far,
+    with step_offset = their count: the seeded stream goes on where it stopped, penalties included (they count
+    the prompt's ids too). Without the offset it draws other tokens."""
+    params = SamplingParams(do_sample=True, seed=21, temperature=1.3, repetition_penalty=1.4, frequency_penalty=0.3)
+    runner.set_max_prefill_tokens(None)
+    whole = Outputs()
+    run_to_end(runner, shard_batch(runner, 0, [make_request(BlockPool(), 0, PROMPTS[1], max_new_tokens=14,
+                                                            sampling=params)]), whole)
+    done = whole.ids(0)[:6]
+
+    def resumed(offset: int) -> list[int]:
+        out = Outputs()
+        request = make_request(BlockPool(), 1, list(PROMPTS[1]) + done, max_new_tokens=8,
+                               sampling=dataclasses.replace(params, step_offset=offset))
+        run_to_end(runner, shard_batch(runner, 1, [request]), out)
+        return out.ids(1)
+
+    assert resumed(6) == whole.ids(0)[6:]
+    assert resumed(0) != whole.ids(0)[6:]
+
+
 def test_prompt_logprobs_with_a_cached_prefix(runner: ModelRunner, hf_model: torch.nn.Module) -> None:
     """A request whose first block comes from the cache (cache_len 16) gets NaN for those tokens and
     for the first computed one, then transformers' values, and the same tokens as a full prefill."""
@@ -191,10 +214,9 @@ def test_prompt_logprobs_with_a_cached_prefix(runner: ModelRunner, hf_model: tor
     full_out = Outputs()
     run_to_end(runner, shard_batch(runner, 0, [full]), full_out)
 
-    shared_blocks = full.blocks[:1] + pool.take(len(LONG_PROMPT) + 3 - 16)[0]
-    slots = tuple(shared_blocks[p // 16] * 16 + p % 16 for p in range(len(LONG_PROMPT) + 3))
+    shared_blocks = full.blocks[:1] + pool.take(len(LONG_PROMPT) + 3 - 16)
     cached = make_request(
-        pool, 1, LONG_PROMPT, max_new_tokens=4, prefill_logprobs=True, cache_len=16, blocks=(shared_blocks, slots)
+        pool, 1, LONG_PROMPT, max_new_tokens=4, prefill_logprobs=True, cache_len=16, blocks=shared_blocks
     )
     cached_out = Outputs()
     run_to_end(runner, shard_batch(runner, 1, [cached]), cached_out)

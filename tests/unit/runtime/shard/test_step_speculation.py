@@ -22,8 +22,8 @@ from shard_helpers import (
 )
 
 from tgictl.config import SpeculationConfig
-from tgictl.proto.messages import SamplingParams
-from tgictl.runtime.shard.batch import RowState
+from tgictl.proto.messages import BlockGrant, SamplingParams
+from tgictl.runtime.shard.batch import RowState, apply_grants
 from tgictl.runtime.shard.step import ModelRunner
 
 PATTERN = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -135,8 +135,32 @@ def test_drafts_stay_within_max_new_tokens_and_slots(runner: ModelRunner) -> Non
         outputs = Outputs()
         while batch is not None:
             for row in batch.rows:
-                assert row.cache_len + row.chunk_len <= len(row.request.slots)
+                assert row.cache_len + row.chunk_len <= len(PATTERN * 2) + max_new - 1
             generations, batch, _ = runner.generate_token(batch)
             outputs.add(generations)
         assert len(outputs.ids(max_new)) == max_new
     runner.set_speculation(SpeculationConfig())
+
+
+def test_drafts_stop_where_the_rows_blocks_end(runner: ModelRunner) -> None:
+    """A row holding blocks for a few positions past its prompt (the router grants the rest as it grows)
+    drafts only into the room it has; granted a block when its next step needs one, it ends with the plain
+    path's tokens."""
+    prompt, max_new = PATTERN * 3 + [5], 40  # 25 tokens: its two blocks leave room for 7 more positions
+    plain = Outputs()
+    run_to_end(runner, shard_batch(runner, 0, [make_request(BlockPool(), 0, prompt, max_new_tokens=max_new)]), plain)
+    runner.set_speculation(SpeculationConfig(tokens=8, max_batch=8))
+    pool = BlockPool()
+    batch = shard_batch(runner, 1, [make_request(pool, 1, prompt, max_new_tokens=max_new, blocks=pool.take(len(prompt) + 1))])
+    outputs, cut = Outputs(), 0
+    while batch is not None:
+        (row,) = batch.rows
+        if not batch.fits_next_step():
+            apply_grants([batch], [BlockGrant(1, pool.take(16))], runner.kv_cache.num_blocks)
+        assert len(row.all_ids) + len(row.draft) <= row.capacity  # every position the step writes is its own
+        cut += 0 < row.capacity - len(row.all_ids) < 8 and len(row.draft) == row.capacity - len(row.all_ids)
+        generations, batch, _ = runner.generate_token(batch)
+        outputs.add(generations)
+    runner.set_speculation(SpeculationConfig())
+    assert outputs.ids(1) == plain.ids(0)
+    assert cut > 0  # some drafts were shortened to the room left

@@ -99,6 +99,8 @@ class SamplingFields(BaseModel):
     n: int = 1
     ignore_eos: bool = Field(default=False, description="extension for benchmarks: generate past EOS")
     response_format: ResponseFormat | None = None
+    priority: int | None = Field(default=None, description="extension (vLLM's): with --scheduling-policy "
+                                 "priority, lower runs first")
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -161,6 +163,7 @@ class SamplingFields(BaseModel):
             decoder_input_details=prompt_logprobs,
             grammar=grammar,
             model=self.model,
+            priority=self.priority,
         )
 
 

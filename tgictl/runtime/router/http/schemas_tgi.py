@@ -47,6 +47,8 @@ class GenerateParameters(BaseModel):
     )
     adapter_id: str | None = None
     ignore_eos: bool | None = Field(default=None, description="tgictl extension for benchmarks: generate past EOS")
+    priority: int | None = Field(default=None, description="tgictl extension (vLLM's): with --scheduling-policy "
+                                 "priority, lower runs first")
 
 
 class GenerateRequest(BaseModel):
@@ -93,4 +95,5 @@ def to_generation_input(request: GenerateRequest, *, stream: bool) -> Generation
         ignore_eos=bool(p.ignore_eos),
         grammar=tgi_grammar(p.grammar) if p.grammar is not None else None,
         adapter_id=p.adapter_id,
+        priority=p.priority,
     )

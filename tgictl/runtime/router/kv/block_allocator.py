@@ -1,10 +1,15 @@
 """KV-cache block allocation for the router: the interface every allocator implements, the
 allocation record the queue keeps per entry, and the plain allocator used without prefix caching.
 
-The router owns shard memory (docs/architecture.md, "Decisions": The router owns memory): every request gets its blocks here, for the whole
-`input + max_new_tokens + speculate - 1` budget up front, when the queue admits it. Block 0 is
-reserved for health probes and never handed out. A slot is `block * block_size + offset`
-(docs/architecture.md, "Memory model"), so an allocation's slots follow from its blocks.
+The router owns shard memory (docs/architecture.md, "Decisions": The router owns memory): a request
+gets its prompt's blocks here when the queue admits it, and more (`grow`) as it generates, one block when
+it crosses into one (docs/architecture.md, "Memory model"). Block 0 is reserved for health probes and
+never handed out. A slot is `block * block_size + offset`, so the shard derives slots from blocks.
+
+An allocation's blocks are in sequence order and only ever grow at the end. When every layer of the model
+attends through a sliding window, `release` gives back its leading blocks once every layer has left them
+behind (docs/scheduling.md, "Sliding windows"): the ids stay in `blocks` so that block i still holds
+positions i * block_size .., but the allocation no longer owns them and publishes nothing at `free`.
 
 Allocators are not thread-safe: the batcher owns one and calls it from a single task.
 """
@@ -12,7 +17,7 @@ Allocators are not thread-safe: the batcher owns one and calls it from a single 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from tgictl.errors import AllocatorError, AllocatorIntegrityError, ConfigError
@@ -20,19 +25,18 @@ from tgictl.errors import AllocatorError, AllocatorIntegrityError, ConfigError
 
 @dataclass(frozen=True)
 class BlockAllocation:
-    """Blocks and slots handed to one queue entry. Pass it back to `free` exactly once."""
+    """Blocks handed to one queue entry. `grow` returns its successor (this one is then stale); pass the
+    latest back to `free` exactly once."""
 
-    allocation_id: int  # unique per allocator, starts at 1
+    allocation_id: int  # unique per allocator, starts at 1; the same across grow
     blocks: tuple[int, ...]  # [ceil(tokens / block_size)] block ids, cached prefix blocks first
-    slots: tuple[int, ...]  # [tokens] KV slots, slot = block * block_size + offset
+    tokens: int  # the KV positions it was made (or grown) for
     # Leading prompt tokens whose KV is already in `blocks` (a multiple of block_size; 0 without
     # prefix caching). May equal the prompt length: the queue reduces it by one, not the allocator.
     prefix_len: int
-
-    @property
-    def tokens(self) -> int:
-        """The token budget this allocation was made for."""
-        return len(self.slots)
+    # blocks[:released] are not this allocation's any more (`release`): behind every layer's sliding window.
+    # Cached prefix blocks among them stay the prefix cache's (pinned until `free`).
+    released: int = 0
 
 
 @runtime_checkable
@@ -75,12 +79,24 @@ class KvAllocator(Protocol):
         ...
 
     def allocate(
-        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0
+        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0, reserve: int = 0
     ) -> BlockAllocation | None:
         """Blocks for `tokens` KV entries; `prefill_tokens` (the prompt ids, or None to skip the
         cache) is the prefix-cache key within `namespace` (the LoRA adapter index: the same ids under
-        two adapters have different KV). None when the blocks do not fit; then nothing stays
-        pinned or taken."""
+        two adapters have different KV). None when the blocks do not fit with `reserve` blocks still
+        free or evictable afterwards (the admission watermark); then nothing stays pinned or taken."""
+        ...
+
+    def grow(self, allocation: BlockAllocation, tokens: int) -> BlockAllocation | None:
+        """`allocation` extended with blocks at its end to cover `tokens` KV entries (itself when it
+        already does); None when those blocks are not free or evictable (then nothing changed: the
+        caller preempts someone or waits)."""
+        ...
+
+    def release(self, allocation: BlockAllocation, blocks: int) -> BlockAllocation:
+        """`allocation` without its first `blocks` blocks (those it owns go back to the free list; itself when
+        it released as many already): positions no layer will read again. Once it released any, `free`
+        publishes nothing, since the prefix cache only holds whole sequences from their first token."""
         ...
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
@@ -116,15 +132,17 @@ def check_allocate_args(tokens: int, prefill_tokens: Sequence[int] | None) -> No
 
 
 def check_computed_tokens(
-    allocation: BlockAllocation, computed: tuple[int, ...], prompt: tuple[int, ...] | None
+    allocation: BlockAllocation, computed: tuple[int, ...], prompt: tuple[int, ...] | None, block_size: int
 ) -> None:
-    """`computed` must fit the allocation and, when a prompt key was given, agree with it where both
-    exist: a prefix of the prompt, or the prompt followed by generated tokens (a continuation round
-    publishes those). Anything else would publish blocks under tokens whose KV they do not hold."""
-    if len(computed) > allocation.tokens:
+    """`computed` must fit the allocation's blocks and, when a prompt key was given, agree with it where
+    both exist: a prefix of the prompt, or the prompt followed by generated tokens (a continuation round
+    or a preempted request publishes those). Anything else would publish blocks under tokens whose KV
+    they do not hold."""
+    capacity = len(allocation.blocks) * block_size
+    if len(computed) > capacity:
         raise AllocatorError(
             f"free: {len(computed)} computed tokens exceed allocation {allocation.allocation_id}'s "
-            f"budget of {allocation.tokens} tokens"
+            f"{len(allocation.blocks)} blocks of {block_size}"
         )
     common = min(len(computed), len(prompt)) if prompt is not None else 0
     if prompt is not None and computed[:common] != prompt[:common]:
@@ -138,12 +156,12 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def slots_for(blocks: Sequence[int], block_size: int, tokens: int) -> tuple[int, ...]:
-    """# slots: [tokens], the consecutive slots of `blocks` truncated to the token budget."""
-    if block_size == 1:
-        return tuple(blocks[:tokens])
-    slots = [s for b in blocks for s in range(b * block_size, (b + 1) * block_size)]
-    return tuple(slots[:tokens])
+def check_release(allocation: BlockAllocation, blocks: int) -> None:
+    if not 0 <= blocks < len(allocation.blocks):
+        raise AllocatorError(
+            f"release: allocation {allocation.allocation_id} can give back 0 .. {len(allocation.blocks) - 1} "
+            f"leading blocks (it keeps its last), got {blocks}"
+        )
 
 
 def check_block_ownership(
@@ -178,6 +196,15 @@ class BlockPool:
         self._block_size = block_size
         self._free: list[int] = list(range(1, num_blocks))
 
+    def _take(self, count: int) -> tuple[int, ...]:
+        """The last `count` blocks of the free list (the caller checked there are that many)."""
+        free = self._free
+        if not count:  # free[-0:] would be the whole list
+            return ()
+        blocks = tuple(free[-count:])
+        del free[-count:]
+        return blocks
+
     @property
     def block_size(self) -> int:
         return self._block_size
@@ -198,7 +225,7 @@ class BlockAllocator(BlockPool):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self._live: dict[int, tuple[int, ...]] = {}  # allocation id -> its blocks
+        self._live: dict[int, tuple[tuple[int, ...], int]] = {}  # allocation id -> (its blocks, released)
         self._used = 0
         self._next_id = 1
 
@@ -215,32 +242,51 @@ class BlockAllocator(BlockPool):
         return len(self._live)
 
     def allocate(
-        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0
+        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0, reserve: int = 0
     ) -> BlockAllocation | None:
         check_allocate_args(tokens, prefill_tokens)
         need = blocks_for(tokens, self._block_size)
-        free = self._free
-        if need > len(free):
+        if need + max(reserve, 0) > len(self._free):
             return None
-        blocks: tuple[int, ...] = ()
-        if need:  # free[-0:] would be the whole list
-            blocks = tuple(free[-need:])
-            del free[-need:]
+        blocks = self._take(need)
         allocation_id = self._next_id
         self._next_id += 1
-        self._live[allocation_id] = blocks
+        self._live[allocation_id] = (blocks, 0)
         self._used += need
-        return BlockAllocation(
-            allocation_id, blocks, slots_for(blocks, self._block_size, tokens), prefix_len=0
-        )
+        return BlockAllocation(allocation_id, blocks, tokens, prefix_len=0)
+
+    def grow(self, allocation: BlockAllocation, tokens: int) -> BlockAllocation | None:
+        self._check_live(allocation, "grow")
+        need = blocks_for(tokens, self._block_size) - len(allocation.blocks)
+        if need <= 0:
+            return allocation if tokens <= allocation.tokens else replace(allocation, tokens=tokens)
+        if need > len(self._free):
+            return None
+        blocks = allocation.blocks + self._take(need)
+        self._live[allocation.allocation_id] = (blocks, allocation.released)
+        self._used += need
+        return replace(allocation, blocks=blocks, tokens=tokens)
+
+    def release(self, allocation: BlockAllocation, blocks: int) -> BlockAllocation:
+        self._check_live(allocation, "release")
+        check_release(allocation, blocks)
+        if blocks <= allocation.released:
+            return allocation
+        self._free.extend(allocation.blocks[allocation.released : blocks])
+        self._used -= blocks - allocation.released
+        self._live[allocation.allocation_id] = (allocation.blocks, blocks)
+        return replace(allocation, released=blocks)
+
+    def _check_live(self, allocation: BlockAllocation, call: str) -> None:
+        if self._live.get(allocation.allocation_id) != (allocation.blocks, allocation.released):
+            raise AllocatorError(
+                f"{call}: allocation {allocation.allocation_id} is not live (double free, stale or foreign)"
+            )
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
-        blocks = self._live.get(allocation.allocation_id)
-        if blocks is None or blocks != allocation.blocks:
-            raise AllocatorError(
-                f"free: allocation {allocation.allocation_id} is not live (double free or foreign)"
-            )
-        check_computed_tokens(allocation, tuple(computed_tokens or ()), None)
+        self._check_live(allocation, "free")
+        blocks = allocation.blocks[allocation.released :]
+        check_computed_tokens(allocation, tuple(computed_tokens or ()), None, self._block_size)
         del self._live[allocation.allocation_id]
         self._used -= len(blocks)
         self._free.extend(blocks)
@@ -250,9 +296,9 @@ class BlockAllocator(BlockPool):
 
     def check_integrity(self) -> None:
         owners = [("free list", self._free)]
-        owners += [(f"allocation {aid}", blocks) for aid, blocks in self._live.items()]
+        owners += [(f"allocation {aid}", blocks[released:]) for aid, (blocks, released) in self._live.items()]
         check_block_ownership(self._num_blocks, owners)
-        used = sum(len(blocks) for blocks in self._live.values())
+        used = sum(len(blocks) - released for blocks, released in self._live.values())
         if used != self._used:
             raise AllocatorIntegrityError(f"used_blocks is {self._used}, allocations hold {used}")
         if self._used + len(self._free) != self.total_blocks:

@@ -2,17 +2,20 @@
 
 `allocate` looks the prompt up in a RadixTrie, reuses the longest cached block-aligned prefix and
 pins its node for the life of the allocation; the rest comes from the free list, evicting least
-recently used unpinned prefixes when the list runs dry. `free` publishes the full blocks of the
+recently used unpinned prefixes when the list runs dry (`_reclaim`, the one place blocks leave the
+cache); `grow` takes more blocks the same way. `free` publishes (`trie.insert`) the full blocks of the
 tokens the caller says were computed (docs/architecture.md, "Decisions": Publish only computed KV: never blocks whose KV is unknown) and
 returns everything else to the free list.
 
 Block ownership at any time: free list | trie node (cached, maybe pinned) | allocation suffix
-(the blocks after its cached prefix). Exactly one owner per block; check_integrity proves it.
+(the blocks after its cached prefix and after those it released behind a sliding window). Exactly one owner
+per block; check_integrity proves it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tgictl.errors import AllocatorError, AllocatorIntegrityError
 from tgictl.runtime.router.kv.block_allocator import (
@@ -23,7 +26,7 @@ from tgictl.runtime.router.kv.block_allocator import (
     check_allocate_args,
     check_block_ownership,
     check_computed_tokens,
-    slots_for,
+    check_release,
 )
 from tgictl.runtime.router.kv.cache_events import CacheEvents
 from tgictl.runtime.router.kv.radix_trie import RadixTrie, TrieNode
@@ -44,7 +47,7 @@ def create_allocator(
 class _Live:
     """What free() needs to know about a live allocation."""
 
-    __slots__ = ("node", "prefix_blocks", "prompt", "blocks", "namespace")
+    __slots__ = ("node", "prefix_blocks", "prompt", "blocks", "namespace", "released")
 
     def __init__(
         self, node: TrieNode, prefix_blocks: int, prompt: tuple[int, ...] | None,
@@ -55,6 +58,11 @@ class _Live:
         self.prompt = prompt  # the prefill key, None when the caller skipped the cache
         self.blocks = blocks
         self.namespace = namespace  # the trie root it was looked up and is published under
+        self.released = 0  # blocks[:released] given back (release): it owns blocks[max(prefix, released):]
+
+    @property
+    def owned_from(self) -> int:
+        return max(self.prefix_blocks, self.released)
 
 
 class RadixAllocator(BlockPool):
@@ -88,7 +96,7 @@ class RadixAllocator(BlockPool):
         return len(self._live)
 
     def allocate(
-        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0
+        self, tokens: int, prefill_tokens: Sequence[int] | None, namespace: int = 0, reserve: int = 0
     ) -> BlockAllocation | None:
         check_allocate_args(tokens, prefill_tokens)
         trie, bs = self._trie, self._block_size
@@ -101,46 +109,75 @@ class RadixAllocator(BlockPool):
         trie.pin(node)
         prefix_blocks = len(blocks)
         need = -(-(tokens - prefix_blocks * bs) // bs)  # blocks_for, inlined: this is per request
-        free = self._free
-        short = need - len(free)
-        if short > 0:
-            # Unlike TGI, evict only when that makes the allocation fit: a failing request
-            # should not flush the cache.
-            if short > trie.evictable_blocks:
-                trie.unpin(node)
-                return None
-            evicted = trie.evict(short)
-            if self._events is not None:
-                self._events.removed(evicted)
-            free.extend(evicted)
-        if need:  # free[-0:] would be the whole list
-            blocks.extend(free[-need:])
-            del free[-need:]
+        if need + max(reserve, 0) > len(self._free) + trie.evictable_blocks or not self._reclaim(need):
+            trie.unpin(node)
+            return None
+        blocks.extend(self._take(need))
         allocation_id = self._next_id
         self._next_id += 1
         block_tuple = tuple(blocks)
         self._live[allocation_id] = _Live(node, prefix_blocks, prompt, block_tuple, namespace)
         self._suffix_blocks += need
-        # With 1-token blocks there is exactly one block per token: slots are the blocks.
-        slots = block_tuple if bs == 1 else slots_for(block_tuple, bs, tokens)
-        return BlockAllocation(allocation_id, block_tuple, slots, prefix_blocks * bs)
+        return BlockAllocation(allocation_id, block_tuple, tokens, prefix_blocks * bs)
+
+    def grow(self, allocation: BlockAllocation, tokens: int) -> BlockAllocation | None:
+        live = self._live_of(allocation, "grow")
+        need = -(-tokens // self._block_size) - len(allocation.blocks)
+        if need <= 0:
+            return allocation if tokens <= allocation.tokens else replace(allocation, tokens=tokens)
+        if not self._reclaim(need):
+            return None
+        live.blocks = allocation.blocks + self._take(need)
+        self._suffix_blocks += need
+        return replace(allocation, blocks=live.blocks, tokens=tokens)
+
+    def release(self, allocation: BlockAllocation, blocks: int) -> BlockAllocation:
+        live = self._live_of(allocation, "release")
+        check_release(allocation, blocks)
+        if blocks <= live.released:
+            return allocation
+        start = live.owned_from
+        live.released = blocks
+        given = allocation.blocks[start : live.owned_from]  # cached prefix blocks stay the trie's, pinned
+        self._free.extend(given)
+        self._suffix_blocks -= len(given)
+        return replace(allocation, released=blocks)
+
+    def _reclaim(self, need: int) -> bool:
+        """Make `need` blocks free, evicting least recently used cached prefixes if the free list is short;
+        False (nothing evicted) when even the whole evictable cache would not do. Unlike TGI, evict only
+        when that makes the allocation fit: a failing request should not flush the cache."""
+        short = need - len(self._free)
+        if short <= 0:
+            return True
+        if short > self._trie.evictable_blocks:
+            return False
+        evicted = self._trie.evict(short)
+        if self._events is not None:
+            self._events.removed(evicted)
+        self._free.extend(evicted)
+        return True
+
+    def _live_of(self, allocation: BlockAllocation, call: str) -> _Live:
+        live = self._live.get(allocation.allocation_id)
+        if live is None or live.blocks != allocation.blocks or live.released != allocation.released:
+            raise AllocatorError(
+                f"{call}: allocation {allocation.allocation_id} is not live (double free, stale or foreign)"
+            )
+        return live
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
-        live = self._live.get(allocation.allocation_id)
-        if live is None or live.blocks != allocation.blocks:
-            raise AllocatorError(
-                f"free: allocation {allocation.allocation_id} is not live (double free or foreign)"
-            )
+        live = self._live_of(allocation, "free")
         computed = tuple(computed_tokens) if computed_tokens else ()
-        check_computed_tokens(allocation, computed, live.prompt)
+        check_computed_tokens(allocation, computed, live.prompt, self._block_size)
         del self._live[allocation.allocation_id]
         trie, bs, blocks, free = self._trie, self._block_size, live.blocks, self._free
         trie.unpin(live.node)
         prefix = live.prefix_blocks
-        self._suffix_blocks -= len(blocks) - prefix
+        self._suffix_blocks -= len(blocks) - live.owned_from
         full = len(computed) // bs  # only whole blocks can be looked up later
-        if full <= prefix:
-            free.extend(blocks[prefix:])
+        if full <= prefix or live.owned_from > prefix:  # released blocks broke the chain from the first token
+            free.extend(blocks[live.owned_from :])
             return
         # Nothing ran between unpin and insert, so the trie still holds our prefix and
         # `present` covers it; blocks in [prefix, present) were published meanwhile by an
@@ -167,8 +204,8 @@ class RadixAllocator(BlockPool):
         pins: dict[int, int] = {}
         suffix = 0
         for aid, live in self._live.items():
-            owners.append((f"allocation {aid}", live.blocks[live.prefix_blocks :]))
-            suffix += len(live.blocks) - live.prefix_blocks
+            owners.append((f"allocation {aid}", live.blocks[live.owned_from :]))
+            suffix += len(live.blocks) - live.owned_from
             path = trie.path_blocks(live.node)
             if list(live.blocks[: live.prefix_blocks]) != path[: live.prefix_blocks]:
                 raise AllocatorIntegrityError(

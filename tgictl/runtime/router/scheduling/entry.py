@@ -5,13 +5,17 @@ An Entry turns the shard's generations into stream events (incremental text, sto
 router's half of stopping, "Decisions"), and runs the continuation of long generations: a round
 generates at most `max_new_tokens_per_round` tokens; when a round ends on length with tokens still
 owed, the same Entry goes back to the queue with its output appended to its prompt (ids, not text:
-nothing is re-tokenized). Its detokenizer, stop matcher, seed and timings carry over, so the client
-sees one seamless stream whatever the number of rounds.
+nothing is re-tokenized). A preempted request (its blocks taken back mid-round, docs/architecture.md,
+"Scheduling") goes back the same way, as the rest of its round. Its detokenizer, stop matcher, seed,
+random stream (the shard's sampling step goes on from `step_offset`) and timings carry over, so the
+client sees one seamless stream whatever the number of rounds and preemptions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,8 +33,14 @@ from tgictl.runtime.router.request import (
 from tgictl.runtime.router.text.detokenizer import Decoder, IncrementalDetokenizer
 from tgictl.runtime.router.text.stop_sequences import StopSequenceMatcher
 
-_U64 = 2**64
-_GOLDEN = 0x9E3779B97F4A7C15  # decorrelates the random streams of successive rounds
+
+class RequestStatus(enum.Enum):
+    """Where an entry is in its life (vLLM's request states)."""
+
+    WAITING = "waiting"  # queued and not running: new, or the next round of a long generation
+    RUNNING = "running"  # in the shard's batch, holding blocks
+    PREEMPTED = "preempted"  # queued again after the scheduler took its blocks back; resumes where it stopped
+    FINISHED = "finished"  # ended (its last event sent), or failed
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,18 @@ class TokenTexts:
         return tuple(self.info(i, lp) for i, lp in zip(tokens.ids, tokens.logprobs))
 
 
+def _unwritten_tail(logprobs: Sequence[float]) -> int:
+    """Tokens of a generation (one step or several merged) whose KV no step has written yet: the last one
+    the model scored (sampled, or the token after accepted drafts) and the forced ones after it, which carry
+    a NaN logprob (docs/architecture.md, "Guided generation"); every earlier token was fed to a later step."""
+    tail = 1
+    for logprob in reversed(logprobs):
+        if not math.isnan(logprob):
+            return tail
+        tail += 1
+    return len(logprobs)
+
+
 class Entry:
     """Owned by the batching task. `request` is what validation produced; `round` is what the current
     round asks of the shard (the prompt plus everything generated so far, after the first round)."""
@@ -65,7 +87,10 @@ class Entry:
         self.send = send
         self.is_cancelled = is_cancelled
         self.queue_time = time.monotonic()
-        self.id = -1  # assigned by the queue, anew for every round
+        self.id = -1  # assigned by the queue, anew for every round and resumption
+        self.arrival = -1  # the queue's order of first arrival: rounds and resumptions keep it
+        self.status = RequestStatus.WAITING
+        self.preemptions = 0
         self.batch_time: float | None = None  # first scheduled (every round counts from here)
         self.cached_tokens = 0  # the first round's cache_len: prompt tokens the radix cache supplied
         self.first_token_time: float | None = None  # when the shard returned the first token
@@ -79,6 +104,7 @@ class Entry:
         self._stops = StopSequenceMatcher(request.stop_sequences)
         self._content: list[str] = []
         self._round_tokens = 0  # generated in the current round
+        self._unwritten = 0  # trailing generated tokens whose KV no step has written yet (_unwritten_tail)
         self._continues = False
 
     def start(self, texts: TokenTexts) -> None:
@@ -88,6 +114,26 @@ class Entry:
             self._detokenizer = IncrementalDetokenizer(texts.decoder, self.request.input_ids)
         self._round_tokens = 0
         self._continues = False
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def context_len(self) -> int:
+        """Tokens of the round's sequence so far (its prompt, then what it generated): the KV positions its
+        next step writes end at context_len - 1, so its blocks must hold context_len of them."""
+        return self.round.input_length + self._round_tokens
+
+    @property
+    def written_len(self) -> int:
+        """KV positions a step has written so far: the next forward's first query is at this position."""
+        return self.context_len - self._unwritten
+
+    @property
+    def max_context_len(self) -> int:
+        """The most KV positions the round ever writes: its prompt and all its tokens but the last."""
+        return self.round.input_length + self.round.max_new_tokens - 1
 
     @property
     def prompt_computed(self) -> bool:
@@ -109,6 +155,8 @@ class Entry:
             tops = tuple(texts.infos(t) for t in generation.prefill_top_tokens)
             send(PrefillEvent(tokens=texts.infos(generation.prefill_tokens), top_tokens=tops))
         tokens = generation.tokens
+        if tokens.ids:
+            self._unwritten = _unwritten_tail(tokens.logprobs)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         for index, (token_id, logprob) in enumerate(zip(tokens.ids, tokens.logprobs)):
@@ -139,27 +187,38 @@ class Entry:
         return min(self.request.total_new_tokens - len(self.generated_ids), self._per_round)
 
     def next_round(self) -> None:
-        """Become the next round's request: the output so far joins the prompt; prompt logprobs were
-        the first round's; a sampling seed is decorrelated per round (the shard's random stream is
-        keyed by (seed, step), and steps count from 0 in every round); a grammar's matcher is replayed
-        over the tokens generated so far."""
+        """Become the next round's request (see `_go_on`) with the next round's budget."""
         self._rounds += 1
+        self._go_on(self._next_round_budget(FinishReason.LENGTH))
+        self.status = RequestStatus.WAITING
+        self._continues = False
+
+    def preempt(self) -> None:
+        """The scheduler took this entry's blocks back mid-round: become the rest of the round (see `_go_on`).
+        Before its first token the round is simply run again (prompt logprobs included, if asked)."""
+        if self._round_tokens:
+            self._go_on(self.round.max_new_tokens - self._round_tokens)
+        self.status = RequestStatus.PREEMPTED
+        self.preemptions += 1
+
+    def _go_on(self, max_new_tokens: int) -> None:
+        """The request from here on: the output so far joins the prompt (ids, nothing re-tokenized); prompt
+        logprobs were sent already; the shard's random stream goes on at the step after the tokens so far
+        (it is keyed by (seed, step)), so a seeded request samples what it would have sampled in one go; a
+        grammar's matcher is replayed over them."""
         original = self.request
-        sampling = original.sampling
-        if sampling.samples:
-            sampling = dataclasses.replace(sampling, seed=(sampling.seed + self._rounds * _GOLDEN) % _U64)
-        if sampling.grammar is not None:  # the shard's new matcher replays what earlier rounds generated
-            grammar = dataclasses.replace(sampling.grammar, replay_tokens=len(self.generated_ids))
-            sampling = dataclasses.replace(sampling, grammar=grammar)
+        generated = len(self.generated_ids)
+        sampling = dataclasses.replace(original.sampling, step_offset=generated)
+        if sampling.grammar is not None:  # the shard's new matcher replays what was generated so far
+            sampling = dataclasses.replace(sampling, grammar=dataclasses.replace(sampling.grammar, replay_tokens=generated))
         self.round = dataclasses.replace(
             original,
             input_ids=original.input_ids + tuple(self.generated_ids),
             sampling=sampling,
-            max_new_tokens=self._next_round_budget(FinishReason.LENGTH),
+            max_new_tokens=max_new_tokens,
             max_total_new_tokens=None,
             decoder_input_details=False,
         )
-        self._continues = False
 
     def _end(
         self, token: TokenInfo, top: Sequence[TokenInfo], content: str, reason: FinishReason, stop: str | None
@@ -167,6 +226,7 @@ class Entry:
         now = time.monotonic()
         started = self.batch_time if self.batch_time is not None else now
         self.finished = True
+        self.status = RequestStatus.FINISHED
         sampling = self.request.sampling
         self.send(
             EndEvent(
@@ -187,12 +247,15 @@ class Entry:
             )
         )
 
-    def computed_tokens(self) -> tuple[int, ...] | None:
+    def computed_tokens(self, resumes: bool = False) -> tuple[int, ...] | None:
         """Tokens whose KV is known to be complete: what the prefix cache may publish. The round's
-        prompt once the shard produced a token; at a round boundary also every generated token but
-        the last (sampled, never fed back), so that the next round's prefill finds them cached."""
+        prompt once the shard produced a token; when the request goes on (the round ended with tokens
+        still owed, or `resumes`: the scheduler preempts it) also every generated token whose KV a step
+        wrote (all but the last generation's sampled token and the tokens a grammar forced after it,
+        which only the next forward would write), so that the next round's prefill finds them cached."""
         if not self.prompt_computed:
             return None
-        if self._continues:
-            return self.request.input_ids + tuple(self.generated_ids[:-1])
+        if self._continues or resumes:
+            written = len(self.generated_ids) - self._unwritten
+            return self.request.input_ids + tuple(self.generated_ids[:written])
         return self.round.input_ids

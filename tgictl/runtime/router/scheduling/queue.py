@@ -1,18 +1,27 @@
 """The waiting queue and `next_batch`: which entries the next Prefill takes, with their KV blocks.
 
-Follows TGI v3's State::next_batch (backends/v3/src/queue.rs): strict FIFO, blocks allocated when an
-entry is taken, for input + max_new_tokens; the first entry that does not fit stops the walk (no
-skipping, so no starvation). Allocations of entries pushed back are freed as never computed, so they
-are never published to the prefix cache (docs/architecture.md, "Decisions": Publish only computed KV).
+Follows TGI v3's State::next_batch (backends/v3/src/queue.rs) in its walk: entries in queue order, the
+first one that does not fit stops it (no skipping, so no starvation). What differs (docs/architecture.md,
+"Scheduling"):
+- the order: by arrival (`fcfs`, TGI's), or by the request's `priority` and then arrival (`priority`,
+  vLLM's: lower runs first). A round or resumption keeps its first arrival, so under `fcfs` a preempted
+  request or a continuation round goes before every request that never ran (they all arrived later);
+- the blocks: an entry is admitted with blocks for its prompt and its next step only (less what the
+  radix cache holds), while `reserve` blocks (the watermark) stay free or evictable for the running
+  requests to grow into; the rest come as it generates (scheduler.py).
+Allocations of entries pushed back are freed as never computed, so they are never published to the prefix
+cache (docs/architecture.md, "Decisions": Publish only computed KV).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from tgictl.config import SchedulingPolicy
 from tgictl.errors import ValidationError
 from tgictl.proto.messages import Batch, Request, StoppingParams
 from tgictl.runtime.router.kv.block_allocator import BlockAllocation, KvAllocator, blocks_for
@@ -26,14 +35,24 @@ class NextBatch:
     entries: dict[int, Entry]  # by request id, in batch order
 
 
+# Called when the queue's head does not fit: may free blocks (preempt a request the head outranks) and
+# returns whether it did, so the head is tried again.
+MakeRoom = Callable[[Entry], bool]
+
+
 class Queue:
     """Plain object living on the router's event loop: append from handlers, take from the batcher."""
 
-    def __init__(self, allocator: KvAllocator, *, block_size: int) -> None:
+    def __init__(
+        self, allocator: KvAllocator, *, block_size: int, policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    ) -> None:
         self._allocator = allocator
         self._block_size = block_size
-        self._entries: deque[Entry] = deque()
+        self.policy = policy
+        self._entries: list[Entry] = []  # in queue order (see rank)
+        self._keys: list[tuple[int, int]] = []  # rank of each entry, for bisect
         self._next_id = 0
+        self._next_arrival = 0
         self._next_batch_id = 0
         self.dropped = 0  # entries whose client left while they waited (a metric)
 
@@ -44,29 +63,53 @@ class Queue:
         """The queued entries, in order (a copy)."""
         return list(self._entries)
 
-    def append(self, entry: Entry, *, first: bool = False) -> int:
-        """Queue `entry` at the end, or at the head (`first`: a continuation round of a request that
-        was already running goes before requests that never ran). Each round gets a fresh id: the
-        shard knows every round as a request of its own."""
+    def rank(self, entry: Entry) -> tuple[int, int]:
+        """Queue order: smaller runs first. The scheduler preempts the running request of the largest."""
+        return (entry.priority if self.policy is SchedulingPolicy.PRIORITY else 0, entry.arrival)
+
+    def append(self, entry: Entry) -> int:
+        """Queue `entry` in its place (a new one gets its arrival now; a round or resumption keeps its own).
+        Each round gets a fresh id: the shard knows every round as a request of its own."""
         entry.id = self._next_id
         self._next_id += 1
-        if first:
-            self._entries.appendleft(entry)
-        else:
-            self._entries.append(entry)
+        if entry.arrival < 0:
+            entry.arrival = self._next_arrival
+            self._next_arrival += 1
+        key = self.rank(entry)
+        at = bisect.bisect_right(self._keys, key)
+        self._keys.insert(at, key)
+        self._entries.insert(at, entry)
         return entry.id
+
+    def _pop_head(self) -> Entry:
+        del self._keys[0]
+        return self._entries.pop(0)
+
+    def _push_head(self, entry: Entry) -> None:
+        self._keys.insert(0, self.rank(entry))
+        self._entries.insert(0, entry)
+
+    def head(self) -> Entry | None:
+        return self._entries[0] if self._entries else None
 
     def drop_cancelled(self) -> list[Entry]:
         """Remove entries whose clients left; returns them so the caller can account for them."""
         gone = [e for e in self._entries if e.is_cancelled()]
         if gone:
-            self._entries = deque(e for e in self._entries if not e.is_cancelled())
+            kept = [(k, e) for k, e in zip(self._keys, self._entries) if not e.is_cancelled()]
+            self._keys = [k for k, _ in kept]
+            self._entries = [e for _, e in kept]
             self.dropped += len(gone)
         return gone
 
-    def next_batch(self, max_size: int | None, prefill_budget: int) -> NextBatch | None:
-        """Entries for the next Prefill, in FIFO order, while their blocks fit the allocator and their
-        prompts the prefill budget (the last one may be cut into a chunk)."""
+    def next_batch(
+        self, max_size: int | None, prefill_budget: int, *, ahead: int = 1, reserve: int = 0,
+        make_room: MakeRoom = lambda entry: False,
+    ) -> NextBatch | None:
+        """Entries for the next Prefill, in queue order, while their blocks fit the allocator (keeping
+        `reserve` blocks available) and their prompts the prefill budget (the last one may be cut into a
+        chunk). Each gets blocks for its prompt plus `ahead` tokens (the positions its first steps write:
+        the look-ahead step's, drafts), at most its whole budget."""
         if prefill_budget <= 0 or not self._entries:
             return None
         if max_size is not None and max_size <= 0:
@@ -77,33 +120,20 @@ class Queue:
         taken: list[tuple[Entry, BlockAllocation, int, int | None]] = []
         prefill_tokens = 0
         while self._entries:
-            entry = self._entries.popleft()
+            entry = self._pop_head()
             if entry.is_cancelled():
                 self.dropped += 1
                 continue
-            request = entry.round
-            # The last generated token is sampled but never fed back, so it needs no KV slot.
-            tokens = request.input_length + request.max_new_tokens - 1
-            # Prompt logprobs need every prompt position recomputed, so such a request takes no prefix.
-            # The last prompt position is always computed (its logits give the first token), so it is
-            # left out of the lookup: it then lands in a block of this request's own, never in a cached
-            # block that other requests read while it is written.
-            key = None if request.decoder_input_details else request.input_ids[:-1]
-            if blocks_for(tokens, self._block_size) > self._allocator.total_blocks:
-                # Not even an empty cache could hold it: waiting would wedge the FIFO for everyone behind.
-                entry.send(ErrorEvent(ValidationError(
-                    f"the request needs {tokens} KV slots (input {request.input_length} + max_new_tokens "
-                    f"{request.max_new_tokens} - 1) but the cache holds {self._allocator.total_blocks} "
-                    f"blocks of {self._block_size}"
-                )))
+            if self._never_fits(entry):
                 continue
-            # Keyed by adapter: KV computed under one adapter is never another's (docs/architecture.md, "Multi-LoRA").
-            allocation = self._allocator.allocate(tokens, key, request.adapter_index)
+            allocation = self._allocate(entry, ahead, reserve)
+            while allocation is None and make_room(entry):
+                allocation = self._allocate(entry, ahead, reserve)
             if allocation is None:
-                self._entries.appendleft(entry)
+                self._push_head(entry)
                 break
             prefix_len = allocation.prefix_len
-            postfix = request.input_length - prefix_len
+            postfix = entry.round.input_length - prefix_len
             chunk_len: int | None = None
             if prefill_tokens + postfix > prefill_budget:
                 remaining = prefill_budget - prefill_tokens
@@ -112,7 +142,7 @@ class Queue:
                     taken.append((entry, allocation, prefix_len, chunk_len))
                 else:
                     self._allocator.free(allocation, None)
-                    self._entries.appendleft(entry)
+                    self._push_head(entry)
                 break
             prefill_tokens += postfix
             taken.append((entry, allocation, prefix_len, None))
@@ -122,6 +152,32 @@ class Queue:
         if not taken:
             return None
         return self._build(taken)
+
+    def _never_fits(self, entry: Entry) -> bool:
+        """Not even an empty cache could hold its whole budget: waiting (or preempting others) would never
+        end, so it fails now with a 422."""
+        request = entry.round
+        # The last generated token is sampled but never fed back, so it needs no KV slot.
+        tokens = entry.max_context_len
+        if blocks_for(tokens, self._block_size) <= self._allocator.total_blocks:
+            return False
+        entry.send(ErrorEvent(ValidationError(
+            f"the request needs {tokens} KV slots (input {request.input_length} + max_new_tokens "
+            f"{request.max_new_tokens} - 1) but the cache holds {self._allocator.total_blocks} "
+            f"blocks of {self._block_size}"
+        )))
+        return True
+
+    def _allocate(self, entry: Entry, ahead: int, reserve: int) -> BlockAllocation | None:
+        request = entry.round
+        # Prompt logprobs need every prompt position recomputed, so such a request takes no prefix.
+        # The last prompt position is always computed (its logits give the first token), so it is
+        # left out of the lookup: it then lands in a block of this request's own, never in a cached
+        # block that other requests read while it is written.
+        key = None if request.decoder_input_details else request.input_ids[:-1]
+        tokens = min(request.input_length + ahead, entry.max_context_len)
+        # Keyed by adapter: KV computed under one adapter is never another's (docs/architecture.md, "Multi-LoRA").
+        return self._allocator.allocate(tokens, key, request.adapter_index, reserve)
 
     def _build(self, taken: list[tuple[Entry, BlockAllocation, int, int | None]]) -> NextBatch:
         now = time.monotonic()
@@ -143,7 +199,6 @@ class Queue:
                         max_new_tokens=request.max_new_tokens, ignore_eos=request.ignore_eos
                     ),
                     blocks=allocation.blocks,
-                    slots=allocation.slots,
                     cache_len=cache_len,
                     chunk_len=chunk_len,
                     prefill_logprobs=request.decoder_input_details,
@@ -154,9 +209,8 @@ class Queue:
         batch = Batch(
             id=self._next_batch_id,
             requests=tuple(requests),
-            max_tokens=sum(len(r.slots) for r in requests),
+            max_tokens=sum(len(r.blocks) for r in requests) * self._block_size,
             max_blocks=max(len(r.blocks) for r in requests),
         )
         self._next_batch_id += 1
         return NextBatch(batch=batch, entries=entries)
-

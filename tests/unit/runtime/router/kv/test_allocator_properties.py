@@ -1,6 +1,6 @@
 """Randomized checks of the allocators: TGI's seeded invariant runs (radix.rs tests 13-14) and
-Hypothesis properties against a model of the prefix cache. check_integrity runs after every
-Hypothesis operation."""
+Hypothesis properties against a model of the prefix cache, over allocations that grow as their
+requests generate. check_integrity runs after every Hypothesis operation."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tgictl.errors import AllocatorError
 from tgictl.runtime.router.kv.block_allocator import (
     BlockAllocation,
     BlockAllocator,
     KvAllocator,
-    slots_for,
+    blocks_for,
 )
 from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
 
@@ -80,12 +81,38 @@ def test_invariants_hold_on_many_operations_remove_subset() -> None:
     assert _invariant_rounds(50_000, remove_all=False) > 100_000
 
 
-# -- Hypothesis: any allocate/free sequence keeps the books straight --------------------------
+# -- Hypothesis: any allocate/grow/free sequence keeps the books straight ---------------------
 
-_ALLOC = st.tuples(st.just("alloc"), st.lists(st.integers(0, 2), max_size=10), st.integers(0, 6))
-# free: which live allocation, and how much of its prompt was computed (-1: all of it).
+# alloc: the prompt, extra tokens beyond it, and the blocks that must stay available afterwards (reserve).
+_ALLOC = st.tuples(st.just("alloc"), st.lists(st.integers(0, 2), max_size=10), st.integers(0, 6), st.integers(0, 3))
+# grow: which live allocation, and how many more tokens it generated (the allocation grows to hold them).
+_GROW = st.tuples(st.just("grow"), st.integers(0, 1_000), st.integers(1, 7))
+# free: which live allocation, and how much of its sequence (prompt + generated) was computed (-1: all of it).
 _FREE = st.tuples(st.just("free"), st.integers(0, 1_000), st.integers(-1, 11))
-_OPS = st.lists(st.one_of(_ALLOC, _FREE), max_size=40)
+_OPS = st.lists(st.one_of(_ALLOC, _GROW, _FREE), max_size=40)
+Live = list[tuple[BlockAllocation, list[int]]]  # each live allocation with its sequence so far
+
+
+def _grow(alloc: KvAllocator, live: Live, index: int, more: int) -> tuple[BlockAllocation, BlockAllocation | None]:
+    """Grow live[index] by `more` generated tokens: on success it replaces the old record, whose allocation
+    is then stale (every later call with it is refused); on failure nothing changes."""
+    allocation, sequence = live[index]
+    before = (alloc.used_blocks, alloc.cached_blocks, alloc.free_blocks)
+    need = blocks_for(allocation.tokens + more, alloc.block_size) - len(allocation.blocks)
+    grown = alloc.grow(allocation, allocation.tokens + more)
+    # It fails exactly when neither the free list nor evicting cached prefixes can supply the blocks.
+    assert (grown is None) == (need > before[1] + before[2])
+    if grown is None:
+        assert (alloc.used_blocks, alloc.cached_blocks, alloc.free_blocks) == before
+        return allocation, None
+    assert grown.allocation_id == allocation.allocation_id and grown.prefix_len == allocation.prefix_len
+    assert grown.blocks[: len(allocation.blocks)] == allocation.blocks  # blocks only ever join at the end
+    assert len(grown.blocks) == blocks_for(grown.tokens, alloc.block_size) and grown.tokens == allocation.tokens + more
+    live[index] = (grown, sequence + [index % 3] * more)
+    if grown.blocks != allocation.blocks:
+        with pytest.raises(AllocatorError, match="not live"):
+            alloc.free(allocation, None)
+    return allocation, grown
 
 
 def _check_books(alloc: KvAllocator, live: Sequence[tuple[BlockAllocation, list[int]]]) -> None:
@@ -132,19 +159,22 @@ def test_any_sequence_keeps_the_books(
     cls: type[KvAllocator], block_size: int, num_blocks: int, ops: list[tuple]
 ) -> None:
     alloc = cls(num_blocks, block_size)
-    live: list[tuple[BlockAllocation, list[int]]] = []
+    live: Live = []
     for op in ops:
         if op[0] == "alloc":
-            _, prompt, extra = op
+            _, prompt, extra, reserve = op
             before = (alloc.used_blocks, alloc.cached_blocks, alloc.free_blocks)
-            allocation = alloc.allocate(len(prompt) + extra, prompt)
+            allocation = alloc.allocate(len(prompt) + extra, prompt, reserve=reserve)
             if allocation is None:
                 assert (alloc.used_blocks, alloc.cached_blocks, alloc.free_blocks) == before
             else:
-                tokens = len(prompt) + extra
-                assert allocation.slots == slots_for(allocation.blocks, block_size, tokens)
+                assert allocation.tokens == len(prompt) + extra
+                assert len(allocation.blocks) == blocks_for(allocation.tokens, block_size)
+                assert alloc.free_blocks + alloc.cached_blocks >= reserve  # the watermark held
                 live.append((allocation, prompt))
-        elif live:
+        elif op[0] == "grow" and live:
+            _grow(alloc, live, op[1] % len(live), op[2])
+        elif op[0] == "free" and live:
             _, index, how = op
             allocation, prompt = live.pop(index % len(live))
             alloc.free(allocation, _computed(prompt, how))
@@ -188,18 +218,18 @@ def test_radix_cache_returns_the_published_blocks(
 ) -> None:
     cache = RadixAllocator(num_blocks, block_size)
     model = _CacheModel(block_size)
-    live: list[tuple[BlockAllocation, list[int]]] = []
+    live: Live = []
     for op in ops:
         if op[0] == "alloc":
-            _, prompt, extra = op
+            _, prompt, extra, reserve = op
             expected = model.lookup(prompt)
             need = -(-(len(prompt) + extra - len(expected) * block_size) // block_size)
             free_before, cached_before = cache.free_blocks, cache.cached_blocks
-            allocation = cache.allocate(len(prompt) + extra, prompt)
+            allocation = cache.allocate(len(prompt) + extra, prompt, reserve=reserve)
             if allocation is None:
-                assert need > free_before  # never fails while the free list suffices
+                assert need + reserve > free_before  # never fails while the free list suffices, watermark kept
             else:
-                assert need <= free_before + cached_before
+                assert need + reserve <= free_before + cached_before
                 # A cached prefix comes back as the very blocks that were published.
                 assert allocation.prefix_len == len(expected) * block_size
                 assert list(allocation.blocks[: len(expected)]) == expected
@@ -208,7 +238,13 @@ def test_radix_cache_returns_the_published_blocks(
                 assert not set(fresh) & {b for a, _ in live for b in a.blocks}
                 model.evicted(fresh)
                 live.append((allocation, prompt))
-        elif live:
+        elif op[0] == "grow" and live:
+            old, grown = _grow(cache, live, op[1] % len(live), op[2])
+            if grown is not None:
+                fresh = grown.blocks[len(old.blocks) :]
+                assert not set(fresh) & {b for a, _ in live if a is not grown for b in a.blocks}
+                model.evicted(fresh)  # a grown allocation's new blocks may come from the cache
+        elif op[0] == "free" and live:
             _, index, how = op
             allocation, prompt = live.pop(index % len(live))
             computed = _computed(prompt, how)

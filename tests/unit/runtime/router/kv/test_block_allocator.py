@@ -19,10 +19,10 @@ def test_takes_the_last_blocks_of_the_free_list() -> None:
     alloc = BlockAllocator(10, 2)
     a = alloc.allocate(5, [0, 1, 2])
     alloc.check_integrity()
-    assert a == BlockAllocation(1, (7, 8, 9), (14, 15, 16, 17, 18), prefix_len=0)
+    assert a == BlockAllocation(1, (7, 8, 9), 5, prefix_len=0)
     b = alloc.allocate(4, None)
     alloc.check_integrity()
-    assert (b.allocation_id, b.blocks, b.slots) == (2, (5, 6), (10, 11, 12, 13))
+    assert (b.allocation_id, b.blocks, b.tokens) == (2, (5, 6), 4)
     assert (alloc.used_blocks, alloc.free_blocks, alloc.cached_blocks) == (5, 4, 0)
 
 
@@ -46,7 +46,7 @@ def test_none_when_full_and_block_zero_never_given() -> None:
     alloc = BlockAllocator(5, 4)
     assert alloc.allocate(17, None) is None  # 5 blocks, 4 usable
     a = alloc.allocate(16, None)
-    assert a.blocks == (1, 2, 3, 4) and a.slots == tuple(range(4, 20))
+    assert a.blocks == (1, 2, 3, 4) and a.tokens == 16
     assert alloc.allocate(1, None) is None
     assert alloc.free_blocks == 0 and alloc.used_blocks == 4
     alloc.check_integrity()
@@ -55,7 +55,7 @@ def test_none_when_full_and_block_zero_never_given() -> None:
 def test_zero_tokens_take_no_blocks() -> None:
     alloc = BlockAllocator(5, 4)
     a = alloc.allocate(0, [])
-    assert (a.blocks, a.slots, alloc.free_blocks) == ((), (), 4)
+    assert (a.blocks, a.tokens, alloc.free_blocks) == ((), 0, 4)
     alloc.free(a, None)
     alloc.check_integrity()
 
@@ -80,8 +80,7 @@ def test_shared_contract(cls: type[KvAllocator]) -> None:
     allocations = []
     while (a := alloc.allocate(3, [1, 2, 3])) is not None:
         alloc.check_integrity()
-        assert 0 not in a.blocks and len(a.slots) == 3
-        assert a.slots == (2 * a.blocks[0], 2 * a.blocks[0] + 1, 2 * a.blocks[1])
+        assert 0 not in a.blocks and a.tokens == 3 and len(a.blocks) == 2
         allocations.append(a)
     alloc.check_integrity()
     assert alloc.num_allocations == len(allocations)
@@ -115,7 +114,7 @@ def test_bad_shapes_are_config_errors(cls: type[KvAllocator]) -> None:
 def test_foreign_allocation_is_rejected(cls: type[KvAllocator]) -> None:
     alloc = cls(9, 1)
     a = alloc.allocate(2, None)
-    forged = BlockAllocation(a.allocation_id, (1, 2), (1, 2), 0)
+    forged = BlockAllocation(a.allocation_id, (1, 2), 2, 0)
     with pytest.raises(AllocatorError, match=f"allocation {a.allocation_id} is not live"):
         alloc.free(forged, None)
     alloc.check_integrity()

@@ -39,12 +39,12 @@ def test_allocator_block_size() -> None:
     cache = RadixAllocator(12, 2)
     a = allocate(cache, 8, [0, 1, 2, 3])
     assert a.blocks == (8, 9, 10, 11)
-    assert a.slots == tuple(range(16, 24))
+    assert a.tokens == 8
     assert a.prefix_len == 0
     free(cache, a, [0, 1, 2, 3])
     a = allocate(cache, 8, [0, 1, 2, 3])
     assert a.blocks == (8, 9, 10, 11)
-    assert a.slots == tuple(range(16, 24))
+    assert a.tokens == 8
     assert a.prefix_len == 4
 
 
@@ -52,12 +52,12 @@ def test_allocator_block_size_non_aligned() -> None:
     cache = RadixAllocator(12, 2)
     a = allocate(cache, 7, [0, 1, 2])
     assert a.blocks == (8, 9, 10, 11)
-    assert a.slots == tuple(range(16, 23))
+    assert a.tokens == 7
     assert a.prefix_len == 0
     free(cache, a, [0, 1, 2])
     a = allocate(cache, 7, [0, 1, 2])
     assert a.blocks == (8, 9, 10, 11)
-    assert a.slots == tuple(range(16, 23))
+    assert a.tokens == 7
     assert a.prefix_len == 2  # only the full block [0, 1] was cached
 
 
@@ -65,7 +65,7 @@ def test_allocator_reuses_prefixes() -> None:
     cache = RadixAllocator(12, 1)
     a = allocate(cache, 8, [0, 1, 2, 3])
     assert a.blocks == (4, 5, 6, 7, 8, 9, 10, 11)
-    assert a.slots == a.blocks
+    assert a.tokens == len(a.blocks)
     assert a.prefix_len == 0
     free(cache, a, [0, 1, 2, 3])
     assert (cache.used_blocks, cache.cached_blocks, cache.free_blocks) == (0, 4, 7)

@@ -178,8 +178,8 @@ def test_short_steps_get_more_of_them_per_call(texts: TokenTexts, step_ms: float
 
 
 def test_one_step_per_call_while_a_request_waits(texts: TokenTexts) -> None:
-    # 8 blocks of 4 tokens, block 0 reserved: a 20-token request holds 5, so the second waits in the queue.
-    batcher, shard, allocator, queue = make(texts, num_blocks=8, decode_steps=4)
+    # One request per batch (max_batch_size), so the second waits in the queue while the first runs.
+    batcher, shard, allocator, queue = make(texts, decode_steps=4, max_batch_size=1)
     first, second = Client(request(max_new_tokens=18)), Client(request(max_new_tokens=18))
     asyncio.run(serve(batcher, [first, second]))
     assert tokens_of(first) == [shard.token(0, i) for i in range(18)] and len(tokens_of(second)) == 18
@@ -287,11 +287,11 @@ def test_an_unexpected_client_exception_fails_only_that_step(texts: TokenTexts) 
     broken = {"armed": True}
     original = shard.prefill
 
-    async def prefill(batch, cached, max_prefill_tokens=None):  # type: ignore[no-untyped-def]
+    async def prefill(batch, cached, max_prefill_tokens=None, grants=()):  # type: ignore[no-untyped-def]
         if broken["armed"] and any(r.input_ids == (9, 9, 9) for r in batch.requests):
             broken["armed"] = False
             raise ValueError("Value out of range: 4294967296")  # what protobuf raises for a bad field
-        return await original(batch, cached, max_prefill_tokens)
+        return await original(batch, cached, max_prefill_tokens, grants)
 
     shard.prefill = prefill  # type: ignore[method-assign]
 

@@ -30,7 +30,7 @@ def test_warmup_batch_fills_max_prefill_tokens_with_repeated_ids() -> None:
     assert [r.stopping.max_new_tokens for r in request.batch.requests] == [50, 50, 100]
     first = request.batch.requests[0]
     assert first.stopping.ignore_eos and first.prefill_logprobs and first.top_n_tokens == 20
-    assert first.blocks == () and first.slots == ()  # the shard places the probe itself
+    assert first.blocks == ()  # the shard places the probe itself
     assert first.sampling.repetition_penalty == 1.2 and first.sampling.top_k == 10
     assert (request.max_prefill_tokens, request.max_input_tokens, request.max_total_tokens) == (250, 100, 150)
 

@@ -83,17 +83,31 @@ def test_cancelled_entries_are_dropped() -> None:
     assert len(queue) == 0 and queue.dropped == 1
 
 
-def test_blocks_cover_input_plus_new_tokens_minus_one() -> None:
+def test_admission_takes_blocks_for_the_prompt_and_the_steps_ahead_only() -> None:
     allocator = BlockAllocator(num_blocks=64, block_size=4)
     queue = Queue(allocator, block_size=4)
     queue.append(entry(input_ids=tuple(range(10)), max_new_tokens=7))
-    nb = queue.next_batch(None, 100)
+    queue.append(entry(input_ids=tuple(range(10)), max_new_tokens=7))
+    queue.append(entry(input_ids=tuple(range(10)), max_new_tokens=2))
+    nb = queue.next_batch(None, 100, ahead=3)
     assert nb is not None
-    (request,) = nb.batch.requests
-    assert len(request.slots) == 16 and len(request.blocks) == 4
-    assert request.slots[:4] == tuple(request.blocks[0] * 4 + i for i in range(4))
-    assert request.cache_len == 0 and request.chunk_len is None
-    assert allocator.free_blocks == 63 - 4
+    first, second, short = nb.batch.requests
+    # 10 prompt tokens + 3 ahead = 13 positions: 4 blocks of 4; not the 16 of input + max_new_tokens - 1
+    assert len(first.blocks) == 4 and nb.entries[first.id].allocation.tokens == 13
+    assert first.cache_len == 0 and first.chunk_len is None
+    # never more than the whole budget: 10 + 2 - 1 = 11 positions
+    assert nb.entries[short.id].allocation.tokens == 11 and len(short.blocks) == 3
+    assert allocator.free_blocks == 63 - 4 - 4 - 3
+
+
+def test_admission_keeps_the_watermark_free() -> None:
+    allocator = BlockAllocator(num_blocks=9, block_size=4)  # 8 usable blocks
+    queue = Queue(allocator, block_size=4)
+    for _ in range(3):
+        queue.append(entry(input_ids=tuple(range(7)), max_new_tokens=20))  # 7 + 1 ahead: 2 blocks each
+    nb = queue.next_batch(None, 100, reserve=3)
+    assert nb is not None and len(nb.entries) == 2  # a third would leave 2 of the 3 reserved blocks
+    assert allocator.free_blocks == 4 and len(queue) == 1
 
 
 def test_allocation_failure_stops_the_walk_in_fifo_order() -> None:
