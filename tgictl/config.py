@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tgictl.env import Env
 from tgictl.errors import ConfigError
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype
 from tgictl.quantization import QuantizeSpec
 
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
@@ -164,8 +165,10 @@ def _check_health_step_timeout(seconds: float) -> None:
         raise ConfigError(f"--health-step-timeout must be > 0 seconds, got {seconds}")
 
 
-def _check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None) -> None:
+def _check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None,
+                          kv_cache_dtype: str) -> None:
     """The settings a shard takes, checked the same way wherever they are given (shard or launch)."""
+    check_kv_cache_dtype(kv_cache_dtype)
     if not model_id.strip():
         raise ConfigError("model_id must not be empty")
     if dtype is not None and dtype not in SHARD_DTYPES:
@@ -236,6 +239,7 @@ class ShardConfig:
     dtype: str | None = None  # None: bfloat16 on CUDA and on CPUs with native bf16 math, else float32
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | None = None  # bytes; None: the runtime's default budget
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # --kv-cache-dtype: the cache's format (docs/kv-cache.md)
     quantize: QuantizeSpec | None = None  # --quantize: safetensors projections quantized at load
     batch_invariant: bool = False  # --batch-invariant: linears in fixed row blocks (kernels/batch_invariance.py)
     rank: int = 0
@@ -251,7 +255,7 @@ class ShardConfig:
     lora_adapters: tuple[LoraAdapterSpec, ...] = ()  # served beside the base model, in this order
 
     def __post_init__(self) -> None:
-        _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
+        _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory, self.kv_cache_dtype)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"RANK must be in 0 .. WORLD_SIZE - 1, got RANK={self.rank}, WORLD_SIZE={self.world_size}"
@@ -430,6 +434,7 @@ class LaunchConfig:
     dtype: str | None = None
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes per shard
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # passed to every shard
     quantize: QuantizeSpec | None = None  # passed to every shard
     batch_invariant: bool = False  # passed to every shard
     shard_uds_path: Path | None = None
@@ -452,7 +457,7 @@ class LaunchConfig:
     replica_restart_delay_s: float = 1.0  # before a dead replica starts again (doubles while it keeps dying)
 
     def __post_init__(self) -> None:
-        _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
+        _check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory, self.kv_cache_dtype)
         if self.num_shard < 1:
             raise ConfigError(f"num_shard must be >= 1, got {self.num_shard}")
         if self.replicas < 1:
