@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tgictl.kernels.kv_pages import Pages, gather_rows
+from tgictl.kernels.kv_pages import Int8Pages, Pages, gather_rows
 from tgictl.kernels.metadata import DecodePlan, PrefillPlan
-from tgictl.kernels.native import load_native_kernels
+from tgictl.kernels.native import load_native_kernels, paged_decode_int8
 
 
 def _softcapped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, softcap: float) -> Tensor:
@@ -80,8 +80,12 @@ def decode_attention(
     arithmetic, when it is available; otherwise, or for dtypes it does not take, the torch ops.
     """
     if query.device.type == "cpu" and (native := load_native_kernels()) is not None:
-        out = native.paged_decode(query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
-                                  plan.max_context_len, scale, softcap)
+        if isinstance(key_cache, Int8Pages) and isinstance(value_cache, Int8Pages):
+            out = paged_decode_int8(native, query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
+                                    plan.max_context_len, scale, softcap)
+        else:
+            out = native.paged_decode(query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
+                                      plan.max_context_len, scale, softcap)
         if out is not None:
             return out
     return decode_attention_torch(query, key_cache, value_cache, plan, scale, softcap)
