@@ -19,9 +19,10 @@ from typing import Optional
 import typer
 
 from tgictl import __version__
+from tgictl.cli_help import FlagSafeGroup, plain_help
 from tgictl.config import LOG_LEVELS, LogConfig
 from tgictl.env import Env
-from tgictl.errors import TgictlError, UsageError
+from tgictl.errors import ConfigError, TgictlError, UsageError
 from tgictl.log import configure_logging, export_to_children
 
 # Every subcommand lives in its own module exposing `register(app: typer.Typer) -> None`.
@@ -74,6 +75,9 @@ def build_app(state: _RunState | None = None) -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        # Plain help: rich's option table cut flag names at 80 columns (cli_help.py).
+        rich_markup_mode=None,
+        cls=FlagSafeGroup,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
 
@@ -98,10 +102,16 @@ def build_app(state: _RunState | None = None) -> typer.Typer:
         ),
     ) -> None:
         env = Env.from_environ()
-        config = LogConfig(
-            level=log_level if log_level is not None else (env.log_level or "info"),
-            json_output=json_output if json_output is not None else env.json_output,
-        )
+        try:
+            config = LogConfig(
+                level=log_level if log_level is not None else (env.log_level or "info"),
+                json_output=json_output if json_output is not None else env.json_output,
+            )
+        except ConfigError as err:
+            if log_level is not None:
+                raise
+            # The level came from the environment, not from a flag the user typed.
+            raise ConfigError(f"{err.message} (from TGICTL_LOG_LEVEL or LOG_LEVEL)") from None
         state.log_config = config
         ctx.obj = config  # commands read it to print their result as text or JSON
         configure_logging(config)
@@ -110,6 +120,7 @@ def build_app(state: _RunState | None = None) -> typer.Typer:
 
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(app)
+    plain_help(app)
     return app
 
 
@@ -153,7 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(err, state, err.exit_code)
     except _usage_error_types() as err:  # unknown option, missing argument, bad choice...
         exit_code = getattr(err, "exit_code", 2)
-        if not _click_message_text(err).strip():  # bare `tgictl`: help was printed, nothing to add
+        if type(err).__name__ == "NoArgsIsHelpError":  # bare `tgictl` (click >= 8.2): its message is the help
+            print(_click_message_text(err))
+            return exit_code
+        if not _click_message_text(err).strip():  # bare `tgictl` on older click: help was printed
             return exit_code
         return _report(err, state, exit_code)
     except typer.Exit as err:

@@ -34,10 +34,10 @@ class QuantizeSpec:
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZE_METHODS:
-            raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_METHODS)}, got {self.method!r}")
+            raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZE_METHODS)}, got {self.method!r}")
         if self.group_size not in INT4_GROUP_SIZES:
             raise ConfigError(
-                f"quantize group size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, got {self.group_size}"
+                f"--quantize-group-size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, got {self.group_size}"
             )
 
     @property

@@ -27,6 +27,8 @@ from tests.integration.launch_procs import start_launch
 # brings them here, a plain install does not.
 OPTIONAL_WHEN_INSTALLED = {
     "grpc_tools": "grpc/__init__.py imports its optional extension packages when present",
+    "grpc_health": "grpc/__init__.py, as grpc_tools (smg in the test extra brings grpcio-health-checking)",
+    "grpc_reflection": "grpc/__init__.py, as grpc_tools",
     "sniffio": "anyio and httpcore: try: import sniffio / except ImportError",
 }
 

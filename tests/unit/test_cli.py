@@ -104,9 +104,9 @@ def test_debug_level_shows_the_traceback(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["--log-level", "loud", "convert", "x"], {}, "Error: log level must be one of debug, info, warning, error, critical, got 'loud'"),
+        (["--log-level", "loud", "convert", "x"], {}, "Error: --log-level must be one of debug, info, warning, error, critical, got 'loud'"),
         (["convert", "x"], {"TGICTL_JSON_OUTPUT": "maybe"}, "Error: TGICTL_JSON_OUTPUT must be a boolean"),
-        (["convert", "--dtype", "int4", "x"], {}, "Error: dtype must be one of float32, bfloat16, float16, got 'int4'"),
+        (["convert", "--dtype", "int4", "x"], {}, "Error: --dtype must be one of float32, bfloat16, float16, got 'int4'"),
         (["convert"], {}, "Error: Missing argument"),
     ],
 )
@@ -134,7 +134,7 @@ def test_speculation_flags_and_the_environment_variable_reach_the_shard_config()
 def test_a_bad_speculate_value_is_one_line() -> None:
     result = run_tgictl("shard", "--speculate", "17", "--model-id", "/nonexistent")
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines() == ["Error: speculate must be in 0 .. 16, got 17"]
+    assert result.stderr.strip().splitlines() == ["Error: --speculate must be in 0 .. 16, got 17"]
 
 
 def test_building_the_cli_leaves_the_benchmark_libraries_unimported() -> None:

@@ -65,7 +65,7 @@ def test_child_environ_round_trips_through_env() -> None:
 
 
 def test_bad_level_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="log level must be one of debug, info, warning, error, critical, got 'loud'"):
+    with pytest.raises(ConfigError, match="--log-level must be one of debug, info, warning, error, critical, got 'loud'"):
         LogConfig(level="loud")
 
 

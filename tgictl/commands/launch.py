@@ -77,7 +77,7 @@ def launch(
     replicas: int = typer.Option(
         1, "--replicas",
         help="Replicas of the model (each its shards and router, on its own cores) behind the SGLang Model "
-        "Gateway on --port; 1: one replica serving --port itself. Needs pip install 'tgictl\\[gateway]'.",
+        "Gateway on --port; 1: one replica serving --port itself. Needs pip install 'tgictl[gateway]'.",
     ),
     replica_cpus: Optional[list[str]] = typer.Option(
         None, "--replica-cpus", show_default=False,

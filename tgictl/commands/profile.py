@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
-from tgictl.config import DEFAULT_MODEL_ID, LogConfig
+from tgictl.config import DEFAULT_MODEL_ID, LogConfig, check_model_id, check_replicas
 from tgictl.env import read_env
 from tgictl.errors import ConfigError, TgictlError, UsageError
 from tgictl.quantization import quantize_spec
@@ -259,6 +259,8 @@ def profile(
         cuda_memory_fraction=cuda_memory_fraction,
         quantize=quantize_spec(quantize, quantize_group_size),
     )
+    check_model_id(model_id)
+    check_replicas(replicas, tuple(replica_cpus or ()))
     if run_measure and num_shard != 1:
         raise UsageError(
             f"--measure loads the model in this process as a single shard, so it needs --num-shard 1 "

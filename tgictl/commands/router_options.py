@@ -109,7 +109,7 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("kv_events_endpoint", Optional[str], typer.Option(
         None, "--kv-events-endpoint", show_default=False,
         help="Publish KV cache events (vLLM's format) on this ZMQ endpoint: tcp://*:5557 binds, tcp://HOST:PORT "
-        "connects to a consumer. Needs pip install 'tgictl\\[kv-events]'.",
+        "connects to a consumer. Needs pip install 'tgictl[kv-events]'.",
     )),
     ("kv_events_replay_endpoint", Optional[str], typer.Option(
         None, "--kv-events-replay-endpoint", show_default=False,
@@ -128,8 +128,9 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         "(reasoning_content, thinking blocks, reasoning items).",
     )),
     ("allow_lora_loading", bool, typer.Option(
-        _DEFAULTS["allow_lora_loading"], "--allow-lora-loading/--no-allow-lora-loading",
-        help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --api-key when one is set).",
+        _DEFAULTS["allow_lora_loading"], "--allow-lora-loading/--no-allow-lora-loading", show_default=False,
+        help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --api-key when one is set; "
+        "default: off).",
     )),
 )
 _FLAGS_PARAMETER = "router_flags"

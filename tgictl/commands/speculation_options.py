@@ -8,6 +8,7 @@ import typer
 
 from tgictl.config import SpeculationConfig
 from tgictl.env import Env
+from tgictl.errors import ConfigError
 
 SPECULATE = typer.Option(
     None, "--speculate", show_default=False,
@@ -24,5 +25,10 @@ MAX_BATCH = typer.Option(
 def speculation_config(tokens: Optional[int], ngram_min: int, ngram_max: int, max_batch: int, env: Env) -> SpeculationConfig:
     """The flags, with $SPECULATE standing in for an absent --speculate."""
     chosen = tokens if tokens is not None else (env.speculate or 0)
-    return SpeculationConfig(tokens=chosen, ngram_min=ngram_min, ngram_max=ngram_max, max_batch=max_batch)
+    try:
+        return SpeculationConfig(tokens=chosen, ngram_min=ngram_min, ngram_max=ngram_max, max_batch=max_batch)
+    except ConfigError as err:
+        if tokens is None and env.speculate is not None and err.message.startswith("--speculate must"):
+            raise ConfigError(f"{err.message} (from SPECULATE)") from None
+        raise
 

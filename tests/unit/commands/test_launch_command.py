@@ -21,16 +21,16 @@ def _isolate_exported_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--num-shard", "0"], "num_shard must be >= 1, got 0"),
-        (["--dtype", "int4"], "dtype must be one of float32, bfloat16, float16, got 'int4'"),
+        (["--num-shard", "0"], "--num-shard must be >= 1, got 0"),
+        (["--dtype", "int4"], "--dtype must be one of float32, bfloat16, float16, got 'int4'"),
         (["--kv-cache-memory", "lots"],
          "--kv-cache-memory must be a size such as 4GiB, 512MiB or 1000000, got 'lots'"),
-        (["--port", "0"], "port must be >= 1, got 0"),
-        (["--master-port", "70000"], "master_port must be in 1 .. 65535, got 70000"),
+        (["--port", "0"], "--port must be >= 1, got 0"),
+        (["--master-port", "70000"], "--master-port must be in 1 .. 65535, got 70000"),
         (["--max-input-tokens", "10", "--max-total-tokens", "10"],
-         "`max_input_tokens` must be < `max_total_tokens`, got max_input_tokens=10 and max_total_tokens=10"),
-        (["--graceful-termination-timeout", "-1"], "graceful_termination_timeout_s must be >= 0, got -1.0"),
-        (["--model-id", " "], "model_id must not be empty"),
+         "--max-input-tokens (10) must be < --max-total-tokens (10)"),
+        (["--graceful-termination-timeout", "-1"], "--graceful-termination-timeout must be >= 0 seconds, got -1.0"),
+        (["--model-id", " "], "--model-id must not be empty"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

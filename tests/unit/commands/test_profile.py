@@ -161,7 +161,7 @@ def test_cli_quantize_sizes_the_quantized_weights(model_dir: Path, tmp_path_fact
     assert figures["kv_blocks"] == 128  # the KV budget is given: the same blocks as unquantized
     for args, message in [
         (("--quantize-group-size", "32"), "Error: --quantize-group-size needs --quantize int4"),
-        (("--quantize", "int3"), "Error: quantize must be one of int8, int4, got 'int3'"),
+        (("--quantize", "int3"), "Error: --quantize must be one of int8, int4, got 'int3'"),
     ]:
         result = run_tgictl("profile", "--model-id", str(model_dir), *args)
         assert result.returncode != 0
@@ -198,7 +198,7 @@ def test_cli_table_then_exit_code_for_a_setup_that_would_not_start(model_dir: Pa
         assert "No GPU" in result.stdout and "sizing for the CPU" in result.stdout
     error_lines = result.stderr.strip().splitlines()
     assert len(error_lines) == 1
-    assert "Not enough memory to handle `max_total_tokens=150`: the KV cache holds 128 tokens" in error_lines[0]
+    assert "Not enough memory to handle --max-total-tokens 150: the KV cache holds 128 tokens" in error_lines[0]
 
 
 def test_cli_errors_are_one_line(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

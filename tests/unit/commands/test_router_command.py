@@ -13,7 +13,7 @@ def test_inconsistent_limits_are_a_usage_error(tiny_tokenizer_dir: Path, capsys:
     code = main(["router", "--tokenizer-name", str(tiny_tokenizer_dir), "--max-input-tokens", "10",
                  "--max-total-tokens", "10"])
     assert code == 2
-    assert "`max_input_tokens` must be < `max_total_tokens`" in capsys.readouterr().err
+    assert "--max-input-tokens (10) must be < --max-total-tokens (10)" in capsys.readouterr().err
 
 
 def test_missing_shard_is_one_line(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,8 +24,7 @@ def test_missing_shard_is_one_line(tiny_model_dir: Path, tmp_path: Path, capsys:
     assert err.startswith("Error: Could not connect to Text Generation server") and "\n" not in err
 
 
-def test_help_lists_tgi_router_options(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "200")  # rich would shorten long option names in a narrow terminal
+def test_help_lists_tgi_router_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["router", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--master-shard-uds-path", "--max-concurrent-requests", "--max-batch-prefill-tokens",

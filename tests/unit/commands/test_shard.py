@@ -36,10 +36,10 @@ def test_rank_outside_the_world_is_a_usage_error(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--dtype", "float64"), "dtype must be one of float32, bfloat16, float16"),
-        (("--block-size", "0"), "block_size must be >= 1"),
+        (("--dtype", "float64"), "--dtype must be one of float32, bfloat16, float16"),
+        (("--block-size", "0"), "--block-size must be >= 1"),
         (("--kv-cache-memory", "lots"), "--kv-cache-memory must be a size"),
-        (("--uds-path", "relative/server"), "uds_path must be an absolute path"),
+        (("--uds-path", "relative/server"), "--uds-path must be an absolute path"),
     ],
 )
 def test_bad_flags_are_usage_errors(

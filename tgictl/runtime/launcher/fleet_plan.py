@@ -130,7 +130,8 @@ def build_fleet_plan(
         launch = replace(launch, shards=tuple(replace(s, **pin) for s in launch.shards),
                          router=replace(launch.router, **pin))
         replicas.append(ReplicaPlan(index, launch, tuple(cpus)))
-    gateway_env = {k: v for k, v in base_env.items() if k != API_KEY_VAR}
+    gateway_env = dict(base_env)
+    gateway_env.pop(API_KEY_VAR, None)  # the key the config resolved is set below, not the inherited one
     gateway_env.update(child_environ(replace(log_config, json_output=True)))
     gateway_env.update(router_secrets_env(config.router))
     gateway = ChildSpec(

@@ -57,26 +57,26 @@ class BudgetSettings:
 
     def __post_init__(self) -> None:
         if self.num_shard < 1:
-            raise ConfigError(f"num_shard must be at least 1, got {self.num_shard}")
+            raise ConfigError(f"--num-shard must be >= 1, got {self.num_shard}")
         if self.block_size < 1:
-            raise ConfigError(f"block_size must be at least 1, got {self.block_size}")
+            raise ConfigError(f"--block-size must be >= 1, got {self.block_size}")
         if self.dtype is not None and self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         for name in ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 0:
-            raise ConfigError(f"kv_cache_memory_bytes must be >= 0, got {self.kv_cache_memory_bytes}")
+            raise ConfigError(f"--kv-cache-memory must be >= 0 bytes, got {self.kv_cache_memory_bytes}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
-            raise ConfigError(f"cuda_memory_fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+            raise ConfigError(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
         if (
             self.max_input_tokens is not None
             and self.max_total_tokens is not None
             and self.max_input_tokens >= self.max_total_tokens
         ):
             raise ConfigError(
-                f"max_input_tokens ({self.max_input_tokens}) must be < max_total_tokens ({self.max_total_tokens})"
+                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens ({self.max_total_tokens})"
             )
 
 
@@ -243,12 +243,12 @@ def _problems(
     if ram_needed is not None and ram_needed > ram_available:
         problems.append(f"weights, KV cache and activations need {ram_needed} bytes; {ram_available} available")
     if max_input >= max_total:
-        problems.append(f"max_input_tokens ({max_input}) must be < max_total_tokens ({max_total})")
+        problems.append(f"--max-input-tokens ({max_input}) must be < --max-total-tokens ({max_total})")
     if prefill > batch_total:
-        problems.append(f"max_batch_prefill_tokens ({prefill}) must be <= max_batch_total_tokens ({batch_total})")
+        problems.append(f"--max-batch-prefill-tokens ({prefill}) must be <= --max-batch-total-tokens ({batch_total})")
     if max_total > batch_total:
         problems.append(
-            f"Not enough memory to handle `max_total_tokens={max_total}`: the KV cache holds {batch_total} tokens"
+            f"Not enough memory to handle --max-total-tokens {max_total}: the KV cache holds {batch_total} tokens"
         )
     return tuple(problems)
 
@@ -263,7 +263,7 @@ def compute_budgets(
     kv_heads = kv_heads_per_shard(shape, n)  # the model's own limit on num_shard comes first
     on_gpu = bool(hardware.gpus)
     if on_gpu and n > len(hardware.gpus):
-        raise ConfigError(f"num_shard={n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
+        raise ConfigError(f"--num-shard {n} needs {n} GPUs, NVML lists {len(hardware.gpus)}")
     dtype, dtype_source = _dtype(settings, hardware)
     dtype_bytes = DTYPE_BYTES[dtype]
     weights, weights_source = weight_bytes_per_shard(shape, n, dtype_bytes, settings.quantize, gguf_tensor_bytes)

@@ -153,12 +153,12 @@ def test_shard_threads_are_left_alone_for_one_shard_or_when_set() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_shard": 0}, "num_shard must be >= 1, got 0"),
-        ({"dtype": "int8"}, "dtype must be one of float32, bfloat16, float16, got 'int8'"),
-        ({"master_port": 70000}, "master_port must be in 1 .. 65535, got 70000"),
-        ({"shard_uds_path": Path("relative/s")}, "shard_uds_path must be an absolute path, got 'relative/s'"),
+        ({"num_shard": 0}, "--num-shard must be >= 1, got 0"),
+        ({"dtype": "int8"}, "--dtype must be one of float32, bfloat16, float16, got 'int8'"),
+        ({"master_port": 70000}, "--master-port must be in 1 .. 65535, got 70000"),
+        ({"shard_uds_path": Path("relative/s")}, "--shard-uds-path must be an absolute path, got 'relative/s'"),
         ({"shard_uds_path": Path("/" + "x" * 90)}, "is too long for a Unix socket"),
-        ({"model_id": " "}, "model_id must not be empty"),
+        ({"model_id": " "}, "--model-id must not be empty"),
     ],
 )
 def test_launch_config_names_the_bad_field(kwargs: dict[str, object], message: str) -> None:

@@ -202,13 +202,13 @@ def test_small_kv_budget_reports_problems() -> None:
     # One request gets every block but block 0: 9 · 16 (the shard's warmup default)
     assert (budgets.max_total_tokens.value, budgets.max_input_tokens.value) == (144, 143)
     assert budgets.max_total_tokens.source.endswith(": KV capacity less block 0")
-    assert budgets.problems == ("max_batch_prefill_tokens (256) must be <= max_batch_total_tokens (160)",)
+    assert budgets.problems == ("--max-batch-prefill-tokens (256) must be <= --max-batch-total-tokens (160)",)
 
     settings = BudgetSettings(kv_cache_memory_bytes=81920, max_total_tokens=200, max_input_tokens=100)
     budgets = compute_budgets(shape, cpu_hardware(), settings)
     assert budgets.max_input_tokens.source == "--max-input-tokens"
     assert budgets.problems[-1] == (
-        "Not enough memory to handle `max_total_tokens=200`: the KV cache holds 160 tokens"
+        "Not enough memory to handle --max-total-tokens 200: the KV cache holds 160 tokens"
     )
 
 
@@ -277,8 +277,8 @@ def test_smollm2_on_three_small_l4s_hits_the_memory_clamp() -> None:
     assert (got["kv_cache_memory_bytes_per_shard"], got["kv_blocks"], got["max_total_tokens"]) == (0, 0, 0)
     assert budgets.problems == (
         "the KV cache holds 0 blocks per shard; at least 2 are needed (block 0 is reserved)",
-        "max_input_tokens (0) must be < max_total_tokens (0)",
-        "max_batch_prefill_tokens (7777) must be <= max_batch_total_tokens (0)",
+        "--max-input-tokens (0) must be < --max-total-tokens (0)",
+        "--max-batch-prefill-tokens (7777) must be <= --max-batch-total-tokens (0)",
     )
 
 
@@ -336,7 +336,7 @@ def test_sizes_follow_the_shards_default_dtype_not_config_json() -> None:
 
 
 def test_not_enough_gpus_or_indivisible_heads() -> None:
-    with pytest.raises(ConfigError, match="num_shard=2 needs 2 GPUs, NVML lists 1"):
+    with pytest.raises(ConfigError, match="--num-shard 2 needs 2 GPUs, NVML lists 1"):
         compute_budgets(model_shape(TINY), gpu_hardware("NVIDIA L4", 1, 24 * GIB), BudgetSettings(num_shard=2))
     # SmolLM2's 9 query heads over 3 KV heads do split over 2 shards: 2 KV-head groups and 1.
     two = compute_budgets(model_shape(SMOLLM2), cpu_hardware(), BudgetSettings(num_shard=2))
@@ -349,13 +349,13 @@ def test_not_enough_gpus_or_indivisible_heads() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_shard": 0}, "num_shard"),
-        ({"block_size": 0}, "block_size"),
-        ({"dtype": "int8"}, "dtype"),
-        ({"max_total_tokens": 0}, "max_total_tokens"),
-        ({"kv_cache_memory_bytes": -1}, "kv_cache_memory_bytes"),
-        ({"cuda_memory_fraction": 1.5}, "cuda_memory_fraction"),
-        ({"max_input_tokens": 10, "max_total_tokens": 10}, "must be < max_total_tokens"),
+        ({"num_shard": 0}, "--num-shard"),
+        ({"block_size": 0}, "--block-size"),
+        ({"dtype": "int8"}, "--dtype"),
+        ({"max_total_tokens": 0}, "--max-total-tokens"),
+        ({"kv_cache_memory_bytes": -1}, "--kv-cache-memory"),
+        ({"cuda_memory_fraction": 1.5}, "--cuda-memory-fraction"),
+        ({"max_input_tokens": 10, "max_total_tokens": 10}, r"must be < --max-total-tokens \(10\)"),
     ],
 )
 def test_settings_validation(kwargs: dict[str, Any], message: str) -> None:

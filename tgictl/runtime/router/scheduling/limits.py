@@ -106,18 +106,18 @@ def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_pr
         max_prefill_tokens = min(max_prefill_tokens, batch_total)  # a derived default bends to memory
     if max_input >= max_total:
         raise ConfigError(
-            f"`max_input_tokens` must be < `max_total_tokens`, got max_input_tokens={max_input} "
-            f"and max_total_tokens={max_total}"
+            f"--max-input-tokens ({max_input}) must be < --max-total-tokens ({max_total}); "
+            f"a value not given is derived from the warmup"
         )
     if max_prefill_tokens > batch_total:
         raise ConfigError(
-            f"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`, got "
-            f"max_batch_prefill_tokens={max_prefill_tokens} and max_batch_total_tokens={batch_total}"
+            f"--max-batch-prefill-tokens ({max_prefill_tokens}) must be <= --max-batch-total-tokens "
+            f"({batch_total}, at most the KV tokens the shards hold)"
         )
     if max_total > fits:
         raise ConfigError(
-            f"Not enough memory to handle `max_total_tokens={max_total}`: the shards hold "
-            f"{batch_total} KV tokens (`max_batch_total_tokens`), {num_blocks - 1} usable blocks of "
+            f"Not enough memory to handle --max-total-tokens {max_total}: the shards hold "
+            f"{batch_total} KV tokens (--max-batch-total-tokens), {num_blocks - 1} usable blocks of "
             f"{info.block_size}, so one request can have at most {fits}; lower --max-total-tokens"
         )
     return RouterLimits(

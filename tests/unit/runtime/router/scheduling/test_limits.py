@@ -57,7 +57,7 @@ def test_limits_from_warmup() -> None:
     # A derived prefill default bends to a small cache; a user value would be refused instead.
     small = derive_limits(config(), fake_info(), WarmupResult(1024, 511, 512), 4096)
     assert small.max_batch_prefill_tokens == 1024
-    with pytest.raises(ConfigError, match="`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`"):
+    with pytest.raises(ConfigError, match=r"--max-batch-prefill-tokens \(\d+\) must be <= --max-batch-total-tokens"):
         derive_limits(config(max_batch_prefill_tokens=4096), fake_info(), WarmupResult(1024, 511, 512), 4096)
 
 
@@ -65,7 +65,7 @@ def test_user_limits_win_and_are_checked() -> None:
     limits = derive_limits(config(max_input_tokens=100, max_total_tokens=200, max_batch_total_tokens=4096),
                            fake_info(), WarmupResult(8192, 100, 200), 256)
     assert (limits.max_input_tokens, limits.max_total_tokens, limits.max_batch_total_tokens) == (100, 200, 4096)
-    with pytest.raises(ConfigError, match=r"Not enough memory to handle `max_total_tokens=2000`"):
+    with pytest.raises(ConfigError, match=r"Not enough memory to handle --max-total-tokens 2000"):
         derive_limits(config(max_total_tokens=2000), fake_info(), WarmupResult(1024, 1999, 2000), 256)
     # A larger --max-batch-total-tokens than the shards hold is capped, not trusted.
     capped = derive_limits(config(max_batch_total_tokens=10**6), fake_info(), WarmupResult(8192, 2047, 2048), 256)
@@ -73,9 +73,9 @@ def test_user_limits_win_and_are_checked() -> None:
 
 
 def test_router_config_checks() -> None:
-    with pytest.raises(ConfigError, match="`max_input_tokens` must be < `max_total_tokens`"):
+    with pytest.raises(ConfigError, match=r"--max-input-tokens \(\d+\) must be < --max-total-tokens"):
         config(max_input_tokens=10, max_total_tokens=10)
-    with pytest.raises(ConfigError, match="validation_workers must be >= 1"):
+    with pytest.raises(ConfigError, match="--validation-workers must be >= 1"):
         config(validation_workers=0)
     assert "s3cret" not in repr(config(api_key="s3cret"))
 
@@ -83,7 +83,7 @@ def test_router_config_checks() -> None:
 def test_model_name_is_the_served_name_else_the_tokenizer() -> None:
     assert config().model_name == "m"
     assert config(served_model_name="org/model").model_name == "org/model"
-    with pytest.raises(ConfigError, match="served_model_name must not be empty"):
+    with pytest.raises(ConfigError, match="--served-model-name must not be empty"):
         config(served_model_name=" ")
 
 
@@ -94,7 +94,7 @@ def test_max_total_tokens_fits_the_usable_blocks() -> None:
     derived = derive_limits(config(), fake_info(), WarmupResult(4096, 4095, 4096), 4096)
     assert derived.max_total_tokens == 4081 and derived.max_input_tokens == 4080
     assert derived.num_blocks == 256
-    with pytest.raises(ConfigError, match=r"`max_total_tokens=4096`.*at most 4081"):
+    with pytest.raises(ConfigError, match=r"--max-total-tokens 4096.*at most 4081"):
         derive_limits(config(max_batch_total_tokens=4096, max_total_tokens=4096), fake_info(),
                       WarmupResult(4096, 4095, 4096), 4096)
     fits = derive_limits(config(max_batch_total_tokens=4096, max_total_tokens=4081), fake_info(),

@@ -36,8 +36,8 @@ def test_large_batches_do_not_draft() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"tokens": 17}, "speculate must be"), ({"ngram_min": 3, "ngram_max": 2}, "n-gram sizes"),
-     ({"max_batch": 0}, "max batch"), ({"min_acceptance": 1.5}, "min acceptance")],
+    [({"tokens": 17}, "--speculate must be"), ({"ngram_min": 3, "ngram_max": 2}, "--speculate-ngram-min and --speculate-ngram-max"),
+     ({"max_batch": 0}, "--speculate-max-batch"), ({"min_acceptance": 1.5}, "min acceptance")],
 )
 def test_bad_settings_are_one_clear_error(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

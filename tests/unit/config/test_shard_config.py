@@ -23,13 +23,13 @@ def test_defaults_and_urls() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_id": " "}, "model_id must not be empty"),
-        ({"dtype": "float64"}, "dtype must be one of float32, bfloat16, float16, got 'float64'"),
-        ({"block_size": 0}, "block_size must be >= 1, got 0"),
-        ({"kv_cache_memory": 0}, "kv_cache_memory must be >= 1 byte, got 0"),
+        ({"model_id": " "}, "--model-id must not be empty"),
+        ({"dtype": "float64"}, "--dtype must be one of float32, bfloat16, float16, got 'float64'"),
+        ({"block_size": 0}, "--block-size must be >= 1, got 0"),
+        ({"kv_cache_memory": 0}, "--kv-cache-memory must be >= 1 byte, got 0"),
         ({"rank": 2, "world_size": 2, "master_addr": "h", "master_port": 1}, "RANK must be in 0 .. WORLD_SIZE - 1"),
         ({"world_size": 2}, "MASTER_ADDR and MASTER_PORT must be set when WORLD_SIZE > 1"),
-        ({"uds_path": Path("relative/server")}, "uds_path must be an absolute path"),
+        ({"uds_path": Path("relative/server")}, "--uds-path must be an absolute path"),
         ({"uds_path": Path("/tmp/" + "x" * 100)}, "too long for a Unix socket"),
         ({"shutdown_grace_s": -1.0}, "shutdown_grace_s must be >= 0"),
     ],
