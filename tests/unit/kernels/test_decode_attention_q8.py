@@ -16,9 +16,9 @@ from tgictl.kernels.native import cpu_flags, load_native_kernels, paged_decode_i
 from tgictl.runtime.shard.layers.rotary import apply_rotary
 
 HAS_VNNI = {"avx512bw", "avx512_vnni"} <= set(cpu_flags().split())
-# The VNNI kernel also rounds the query to int8 (its own scale per head): ~1% of a score's size; outputs are
+# The VNNI kernel also rounds the query, to two int8 parts (a step of 1/254 of the first's scale): outputs are
 # averages of unit-normal values, ~0.1-1 in size.
-QUERY_INT8_TOL = {"atol": 3e-2, "rtol": 3e-2}
+QUERY_INT8_TOL = {"atol": 5e-3, "rtol": 1e-2}  # bf16 outputs: one rounding of the output is 2^-9
 EXACT_PATH_TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
@@ -64,6 +64,17 @@ def test_long_sequences_and_softcap(softcap: float | None, dtype: torch.dtype) -
     spec = CaseSpec(((2099, 1), (5, 1)), block_size=16, heads=32, kv_heads=8, head_dim=64)
     case = build_case(spec, dtype, "int8")
     torch.testing.assert_close(_run(case, False, softcap).float(), _torch(case, softcap), **QUERY_INT8_TOL)
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX512-VNNI")
+def test_queries_with_outlier_dimensions() -> None:
+    """Real models' queries have a few dimensions tens of times the rest (SmolLM2's do): one int8 step of the
+    query's scale is then larger than most of its values. A single int8 query lost up to 0.18 of an output there."""
+    spec = CaseSpec(((600, 1), (90, 1)), block_size=16, heads=9, kv_heads=3, head_dim=64, seed=5)
+    case = build_case(spec, torch.bfloat16, "int8")
+    case.query[:, :, 3] *= 40
+    case.query[:, :, 17] *= -25
+    torch.testing.assert_close(_run(case, portable=False).float(), _torch(case), **QUERY_INT8_TOL)
 
 
 @pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX512-VNNI")

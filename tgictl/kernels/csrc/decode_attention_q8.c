@@ -5,8 +5,10 @@
  * tokens of a Llama-3.2-1B-shaped model are 4.3 GB of bf16 K and V per step); int8 halves those bytes, and the
  * arithmetic must keep up with them, so the products run on the integer units:
  *
- * - Scores (AVX512-VNNI): the query of each head is quantized once per task to int8 with its own scale (as
- *   llama.cpp's q8_0 cache does with its queries). Per block of 16 keys and KV head, the 16 rows (d bytes each)
+ * - Scores (AVX512-VNNI): the query of each head is quantized once per task to two int8 parts with their own
+ *   scales, q ~ s q_hi + (s / 254) q_lo (the second part the first's rounding error): one int8 query (as llama.cpp's
+ *   q8_0 cache has) lost 0.05-0.18 of an attention output on SmolLM2's outlier query dimensions, enough to change a
+ *   greedy answer; two parts leave ~1/500 of a step of the scale, at one more VPDPBUSD per four dimensions. Per block of 16 keys and KV head, the 16 rows (d bytes each)
  *   are transposed so that a 32-bit lane holds four dimensions of one key, and a head's 16 scores are d / 4
  *   VPDPBUSD (unsigned key bytes, k + 128 by flipping the sign bit, times the signed query bytes; 128 times the
  *   query's sum is taken off after) with the query's four bytes broadcast: no sums across lanes. Then times the
@@ -91,30 +93,39 @@ static inline void read_ahead(const int8_t *key_cache, const int8_t *value_cache
     __asm__ volatile("" : : "v"(seen)); /* keeps the loads */
 }
 
-/* Per task scratch (bytes): q8 [heads][d], then floats: qmul, m, l, rescale [heads] each, w [heads][16],
- * acc [heads][d]; qsum [heads] int32. */
-static int64_t q8_scratch_floats(int64_t heads, int64_t d) { return heads * (d / 4 + 5 + KEY_BLOCK + d) + 16; }
+/* Per task scratch (bytes): q8 [2][heads][d], then floats: qmul [2][heads], m, l, rescale [heads] each,
+ * w [heads][16], acc [heads][d]; qsum [2][heads] int32. */
+static int64_t q8_scratch_floats(int64_t heads, int64_t d) { return heads * (d / 2 + 7 + KEY_BLOCK + d) + 16; }
 
-/* The query of every head as int8 with its own scale: q8, qsum (the bytes' sum), qmul = its scale times the
- * softmax scale. */
+/* The query of every head as two int8 parts: q8 [0][x] = rint(q / s) with s = amax / 127, q8 [1][x] the rounding
+ * error in steps of s / 254 (|error| <= s / 2, so it fits in +-127); qsum [part][x] the bytes' sums, qmul [part][x]
+ * the part's scale times the softmax scale. */
 static void quantize_query(const q8_call *a, int64_t seq, int8_t *q8, int32_t *qsum, float *qmul) {
-    const int64_t d = a->d;
-    for (int64_t x = 0; x < a->heads; x++) {
+    const int64_t d = a->d, heads = a->heads;
+    for (int64_t x = 0; x < heads; x++) {
         const int64_t base = (seq * a->heads + x) * d;
         float amax = 0.0f;
         for (int64_t j = 0; j < d; j++) {
             const float v = fabsf(query_at(a, base + j));
             amax = v > amax ? v : amax;
         }
-        const float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
-        int32_t sum = 0;
+        const float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f, s_lo = s / 254.0f;
+        const float inv_lo = s > 0.0f ? 1.0f / s_lo : 0.0f;
+        int32_t sum = 0, sum_lo = 0;
         for (int64_t j = 0; j < d; j++) {
-            const int32_t q = (int32_t)nearbyintf(query_at(a, base + j) * inv);
+            const float v = query_at(a, base + j);
+            const int32_t q = (int32_t)nearbyintf(v * inv);
+            int32_t lo = (int32_t)nearbyintf((v - (float)q * s) * inv_lo);
+            lo = lo > 127 ? 127 : (lo < -127 ? -127 : lo);
             q8[x * d + j] = (int8_t)q;
+            q8[(heads + x) * d + j] = (int8_t)lo;
             sum += q;
+            sum_lo += lo;
         }
         qsum[x] = sum;
+        qsum[heads + x] = sum_lo;
         qmul[x] = s * a->scale;
+        qmul[heads + x] = s_lo * a->scale;
     }
 }
 
@@ -129,7 +140,7 @@ static inline __m512 gather_scales(const uint16_t *scales, const int64_t *slots,
 static inline __attribute__((always_inline)) void block_scores(
     const q8_call *a, const int64_t *sl, int64_t h, const int8_t *q8, const int32_t *qsum, const float *qmul,
     float *w, const int G, const int V) {
-    const int64_t d = 16 * V, row = a->kv_heads * d;
+    const int64_t d = 16 * V, row = a->kv_heads * d, lo = a->heads; /* lo: the second part's offset in heads */
     const __m512 sk = gather_scales(a->key_scales, sl, a->kv_heads, h);
     __m512i dot[MAX_GROUP][2];
     for (int g = 0; g < G; g++) dot[g][0] = dot[g][1] = _mm512_setzero_si512();
@@ -141,16 +152,20 @@ static inline __attribute__((always_inline)) void block_scores(
         transpose16(c); /* c[p] lane j: dimensions 64 part + 4p .. + 3 of key j, as k + 128 */
         for (int g = 0; g < G; g++) {
             const int32_t *qd = (const int32_t *)(q8 + (h * G + g) * d + 64 * part);
-            for (int p = 0; p < 16; p += 2) {
+            const int32_t *qd_lo = (const int32_t *)(q8 + (lo + h * G + g) * d + 64 * part);
+            for (int p = 0; p < 16; p++) {
                 dot[g][0] = _mm512_dpbusd_epi32(dot[g][0], c[p], _mm512_set1_epi32(qd[p]));
-                dot[g][1] = _mm512_dpbusd_epi32(dot[g][1], c[p + 1], _mm512_set1_epi32(qd[p + 1]));
+                dot[g][1] = _mm512_dpbusd_epi32(dot[g][1], c[p], _mm512_set1_epi32(qd_lo[p]));
             }
         }
     }
     for (int g = 0; g < G; g++) {
         const int64_t x = h * G + g;
-        const __m512i raw = _mm512_sub_epi32(_mm512_add_epi32(dot[g][0], dot[g][1]), _mm512_set1_epi32(128 * qsum[x]));
-        __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(raw), _mm512_set1_ps(qmul[x])), sk);
+        const __m512i raw = _mm512_sub_epi32(dot[g][0], _mm512_set1_epi32(128 * qsum[x]));
+        const __m512i raw_lo = _mm512_sub_epi32(dot[g][1], _mm512_set1_epi32(128 * qsum[lo + x]));
+        const __m512 q_k = _mm512_fmadd_ps(_mm512_cvtepi32_ps(raw_lo), _mm512_set1_ps(qmul[lo + x]),
+                                           _mm512_mul_ps(_mm512_cvtepi32_ps(raw), _mm512_set1_ps(qmul[x])));
+        __m512 s = _mm512_mul_ps(q_k, sk);
         if (a->softcap > 0.0f) {
             float lanes[KEY_BLOCK];
             _mm512_storeu_ps(lanes, s);
@@ -222,7 +237,7 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
                                                           float *scratch, float *out, const int G, const int V) {
     const int64_t d = 16 * V, heads = a->heads, kv_heads = a->kv_heads, row = kv_heads * d;
     int8_t *q8 = (int8_t *)scratch;
-    float *qmul = scratch + heads * d / 4, *m = qmul + heads, *l = m + heads, *rescale = l + heads;
+    float *qmul = scratch + heads * d / 2, *m = qmul + 2 * heads, *l = m + heads, *rescale = l + heads;
     float *w = rescale + heads, *acc = w + heads * KEY_BLOCK;
     int32_t *qsum = (int32_t *)(acc + heads * d);
     quantize_query(a, seq, q8, qsum, qmul);
