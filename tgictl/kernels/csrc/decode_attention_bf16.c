@@ -32,9 +32,9 @@
 #include <immintrin.h>
 
 #include "exp512.h"
+#include "read_ahead.h"
 
 #define MAX_GROUP 8   /* query heads per KV head served here */
-#define READ_AHEAD_BYTES (96 << 10) /* K and V bytes read ahead of the arithmetic (read_ahead) */
 
 /* Lane j of the result: the sum of the 16 lanes of v[j]. Four levels; each adds two vectors' lanes pairwise
  * across two inputs, halving the vectors and doubling the inputs each lane covers. */
@@ -69,30 +69,6 @@ static inline void prefetch_row(const uint16_t *row, int64_t row_bytes) {
     for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T1);
 }
 
-/* Reads every line of the K and V rows of `count` keys once, in a loop of independent loads, so that the block
- * loop below finds them in L2. Why: that loop's own loads and one-block-ahead prefetches kept only a few lines
- * in flight (a few keys' arithmetic fills the reorder window), so its reads of the cache and its arithmetic
- * took turns: at batch 32 and 256 cached tokens (SmolLM2, 2 Zen 5 cores) 12-15 ms for 30 layers, where the
- * arithmetic alone on cache-resident rows takes 4-5 ms and a bare read of the same rows in the same order
- * 5-6 ms. Reading each window first: 7.2-9.2 ms. The values read are not used. */
-static inline void read_ahead(const uint16_t *key_cache, const uint16_t *value_cache, const int64_t *slots,
-                              int64_t count, int64_t row_stride) {
-    __m512i seen = _mm512_setzero_si512();
-    for (int64_t t = 0; t < count; t++) {
-        const uint16_t *k = key_cache + slots[t] * row_stride, *v = value_cache + slots[t] * row_stride;
-        for (int64_t c = 0; c < row_stride; c += 32)
-            seen = _mm512_or_si512(seen, _mm512_or_si512(_mm512_loadu_si512(k + c), _mm512_loadu_si512(v + c)));
-    }
-    __asm__ volatile("" : : "v"(seen)); /* keeps the loads */
-}
-
-/* Keys per read_ahead window: READ_AHEAD_BYTES of K and V together (whole key blocks, at least one), so the
- * window stays in L2 while the block loop works through it. */
-static inline int64_t read_ahead_keys(int64_t row_bytes) {
-    const int64_t keys = READ_AHEAD_BYTES / (2 * row_bytes) / KEY_BLOCK * KEY_BLOCK;
-    return keys > KEY_BLOCK ? keys : KEY_BLOCK;
-}
-
 /* Every query head of a sequence over `len` keys (slots) of a chunk, G query heads per KV head.
  * query: [kv_heads G][d] bf16 as given; scratch: chunk_scratch_floats() floats; out: [heads][d + 2] = {maximum,
  * sum, value sums in natural order}. V: d / 16, the float32 vectors of a row.
@@ -117,10 +93,10 @@ static inline __attribute__((always_inline)) void chunk_heads(
         prefetch_row(key_cache + slots[t] * row_stride, row_bytes);
         prefetch_row(value_cache + slots[t] * row_stride, row_bytes);
     }
-    const int64_t window = read_ahead_keys(row_bytes);
+    const int64_t window = read_ahead_keys(row_bytes, KEY_BLOCK);
     for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK) {
         if (t0 % window == 0)
-            read_ahead(key_cache, value_cache, slots + t0, len - t0 < window ? len - t0 : window, row_stride);
+            read_ahead(key_cache, value_cache, slots + t0, len - t0 < window ? len - t0 : window, row_bytes);
         const int n = len - t0 < KEY_BLOCK ? (int)(len - t0) : KEY_BLOCK;
         const int next = len - t0 - n < KEY_BLOCK ? (int)(len - t0 - n) : KEY_BLOCK;
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);

@@ -48,6 +48,7 @@ static inline float query_at(const q8_call *a, int64_t index) { return bf16_or_f
 #include <immintrin.h>
 
 #include "exp512.h"
+#include "read_ahead.h"
 
 #define MAX_GROUP 8
 #define ACC_VECTORS 24 /* float32 value sums kept in registers in one pass over a block's value rows */
@@ -75,22 +76,6 @@ static inline void transpose16(__m512i r[16]) {
         r[4 + k] = _mm512_shuffle_i32x4(v1, v3, 0x88);
         r[12 + k] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
     }
-}
-
-#define READ_AHEAD_BYTES (96 << 10) /* K and V bytes read ahead of the arithmetic, as decode_attention_bf16.c does */
-
-/* Reads every line of the K and V rows of `count` keys once, in a loop of independent loads, so that the blocks
- * after it find them in L2 (decode_attention_bf16.c's read_ahead: the block loop's own loads keep too few lines in
- * flight for reading and arithmetic to overlap). The values read are not used. */
-static inline void read_ahead(const int8_t *key_cache, const int8_t *value_cache, const int64_t *slots, int64_t count,
-                              int64_t row_bytes) {
-    __m512i seen = _mm512_setzero_si512();
-    for (int64_t t = 0; t < count; t++) {
-        const int8_t *k = key_cache + slots[t] * row_bytes, *v = value_cache + slots[t] * row_bytes;
-        for (int64_t c = 0; c < row_bytes; c += 64)
-            seen = _mm512_or_si512(seen, _mm512_or_si512(_mm512_loadu_si512(k + c), _mm512_loadu_si512(v + c)));
-    }
-    __asm__ volatile("" : : "v"(seen)); /* keeps the loads */
 }
 
 /* Per task scratch (bytes): q8 [2][heads][d], then floats: qmul [2][heads], m, l, rescale [heads] each,
@@ -247,8 +232,7 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
     }
     memset(acc, 0, sizeof(float) * (size_t)(heads * d));
     const int64_t *slots = a->slots + seq * a->max_len + t0;
-    const int64_t window_keys = READ_AHEAD_BYTES / (2 * row) / KEY_BLOCK * KEY_BLOCK;
-    const int64_t window = window_keys > KEY_BLOCK ? window_keys : KEY_BLOCK;
+    const int64_t window = read_ahead_keys(row, KEY_BLOCK);
     for (int64_t b = 0; b < len; b += KEY_BLOCK) {
         const int n = len - b < KEY_BLOCK ? (int)(len - b) : KEY_BLOCK;
         int64_t sl[KEY_BLOCK];
@@ -302,6 +286,15 @@ static void chunk_task_q8(const void *args, int64_t seq, int64_t t0, int64_t len
 #endif
 
 /* The portable loop: one (sequence, KV head) per task, every row dequantized to float32 as it is read. */
+/* x [d] = KV head h's row at `slot` read back as float32 (its int8 values times its scale). */
+static inline void dequantize_row(const int8_t *cache, const uint16_t *scales, int64_t slot, int64_t kv_heads, int64_t h,
+                                  int64_t d, float *x) {
+    const int8_t *q = cache + (slot * kv_heads + h) * d;
+    const float s = bf16_to_float(scales[slot * kv_heads + h]);
+#pragma omp simd
+    for (int64_t j = 0; j < d; j++) x[j] = (float)q[j] * s;
+}
+
 static int decode_q8_rows(const q8_call *a, const int64_t *context_lens, int64_t n, void *out, int threads) {
     const int64_t d = a->d, group = a->heads / a->kv_heads, kv_heads = a->kv_heads, row = kv_heads * d;
     int failed = 0;
@@ -317,10 +310,7 @@ static int decode_q8_rows(const q8_call *a, const int64_t *context_lens, int64_t
             float *scores = scratch, *q = scores + group * a->max_len, *acc = q + group * d, *x = acc + group * d;
             for (int64_t g = 0; g < group * d; g++) q[g] = query_at(a, (i * a->heads + h * group) * d + g) * a->scale;
             for (int64_t t = 0; t < len; t++) {
-                const int8_t *k = a->key_cache + slots[t] * row + h * d;
-                const float ks = bf16_to_float(a->key_scales[slots[t] * kv_heads + h]);
-#pragma omp simd
-                for (int64_t j = 0; j < d; j++) x[j] = (float)k[j] * ks;
+                dequantize_row(a->key_cache, a->key_scales, slots[t], kv_heads, h, d, x);
                 for (int64_t g = 0; g < group; g++) {
                     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -339,10 +329,7 @@ static int decode_q8_rows(const q8_call *a, const int64_t *context_lens, int64_t
                 for (int64_t t = 0; t < len; t++) s[t] /= sum;
             }
             for (int64_t t = 0; t < len; t++) {
-                const int8_t *v = a->value_cache + slots[t] * row + h * d;
-                const float vs = bf16_to_float(a->value_scales[slots[t] * kv_heads + h]);
-#pragma omp simd
-                for (int64_t j = 0; j < d; j++) x[j] = (float)v[j] * vs;
+                dequantize_row(a->value_cache, a->value_scales, slots[t], kv_heads, h, d, x);
                 for (int64_t g = 0; g < group; g++) {
                     const float p = scores[g * len + t];
 #pragma omp simd
