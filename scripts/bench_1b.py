@@ -10,6 +10,7 @@ shape, bf16) and one 4-bit GGUF made from it by llama.cpp's converter and quanti
 each given both cores:
 - tgictl: `tgictl launch` on hf/ in bf16 (plus --tgictl-args, e.g. `--kv-cache-dtype int8`);
 - tgictl-gguf: `tgictl launch --model-id FILE.gguf`, the 4-bit blocks served natively;
+- tgictl-kv8: tgictl with `--kv-cache-dtype int8` (docs/kv-cache.md);
 - vllm: vLLM CPU's OpenAI server on hf/ in bf16, VLLM_CPU_OMP_THREADS_BIND=0-(threads-1): both cores compute;
 - llama-server: llama.cpp's server on the GGUF, one slot per client;
 and llama-bench's own decode loop on the GGUF (no HTTP): `-p input-len -n output-len`, its tokens/s.
@@ -72,15 +73,16 @@ def command(name: str, args: argparse.Namespace, port: int) -> tuple[list[str], 
     """(argv, environment, the `model` field requests name) of server `name`."""
     hf = args.model / "hf"
     context = (args.input_len + args.output_len + 16) * max(args.client_counts)
-    if name in ("tgictl", "tgictl-gguf"):
+    if name in ("tgictl", "tgictl-gguf", "tgictl-kv8"):
         model = args.gguf if name == "tgictl-gguf" else hf
+        kv = ["--kv-cache-dtype", "int8"] if name == "tgictl-kv8" else []
         return ([sys.executable, "-m", "tgictl", "launch", "--model-id", str(model), "--port", str(port),
-                 "--dtype", "bfloat16", *args.tgictl_args.split()], repo_env(args.threads), "tgictl")
+                 "--dtype", "bfloat16", *kv, *args.tgictl_args.split()], repo_env(args.threads), "tgictl")
     if name == "vllm":
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
         return ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf), "--port",
                  str(port), "--host", "127.0.0.1", "--dtype", "bfloat16", "--max-model-len",
-                 str(args.input_len + args.output_len + 16), "--served-model-name", "bench"], env, "bench")
+                 str(args.input_len + args.output_len), "--served-model-name", "bench"], env, "bench")
     if name == "llama-server":
         return ([str(args.llama_bin / "llama-server"), "-m", str(args.gguf), "--host", "127.0.0.1", "--port",
                  str(port), "-np", str(max(args.client_counts)), "-c", str(context), "-t", str(args.threads),
@@ -120,7 +122,7 @@ def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str
     settings = ApiSettings("openai-completions", model_field, ignore_eos=True)
     figures: dict[str, dict[str, float]] = {}
     with managed_server(name, argv, url + "/health", env=env) as process:
-        timed_load(url, settings, random_workload(maker, 2, (args.input_len,) * 2, (4, 4), 10_000), 2)  # warm-up
+        timed_load(url, settings, random_workload(maker, 2, (16, 16), (4, 4), 10_000), 2)  # warm-up, short
         for clients in args.client_counts:
             count = clients * args.requests_per_client
             prompts = random_workload(maker, count, (args.input_len,) * 2, (args.output_len,) * 2, clients)
@@ -147,7 +149,7 @@ def llama_bench(args: argparse.Namespace) -> dict[str, float]:
 
 def markdown(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]],
              raw: dict[str, float] | None) -> str:
-    peers = {"tgictl": "vllm", "tgictl-gguf": "llama-server"}
+    peers = {"tgictl": "vllm", "tgictl-kv8": "tgictl", "tgictl-gguf": "llama-server"}
     lines = [f"Model: `{args.model.name}` (hf/ bf16; GGUF `{args.gguf.name}`), prompts of {args.input_len} tokens, "
              f"{args.output_len} generated (ignore_eos), {args.requests_per_client} request(s) per client, "
              f"{args.threads} threads; tgictl extra args: `{args.tgictl_args or '-'}`.", "",
