@@ -171,10 +171,17 @@ def markdown(args: argparse.Namespace, results: dict[str, dict[str, dict[str, fl
 
 def main() -> None:
     args = parse_args()
+    failed: dict[str, str] = {}
     maker = PromptMaker(load_tokenizer(str(args.model / "hf")))
-    results = {name: measure(name, args, maker) for name in args.servers.split(",")}
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name in args.servers.split(","):
+        try:
+            results[name] = measure(name, args, maker)
+        except SystemExit as failure:  # one server that does not start or fails a request: the rest still run
+            print(f"{name}: no figures ({failure})", flush=True)
+            failed[name] = str(failure)
     raw = None if args.no_llama_bench else llama_bench(args)
-    table = markdown(args, results, raw)
+    table = markdown(args, results, raw) + "".join(f"\n{name}: no figures ({why})\n" for name, why in failed.items())
     print(table)
     if args.markdown_out is not None:
         args.markdown_out.write_text(table)
