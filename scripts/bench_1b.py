@@ -17,8 +17,8 @@ and llama-bench's own decode loop on the GGUF (no HTTP): `-p input-len -n output
 
 For each server and each client count N: N * requests-per-client random prompts of exactly --input-len tokens
 (fresh per load, so no prompt cache hits) on /v1/completions, streamed, greedy, `ignore_eos`, --output-len tokens
-each. Figures: generated tokens/s over the load, TTFT p50, ITL p50 (the median over requests of (end - first token) / (tokens - 1): servers that
-stream several tokens per event have no per-token gaps), and the
+each. Figures: generated tokens/s over the load, TTFT p50, ITL p50 (the median over requests of
+(end - first token) / (tokens - 1): servers that stream several tokens per event have no per-token gaps), and the
 server's resident memory (every process in its process group, /proc VmRSS) after the load. One run: a shared
 machine moves absolute figures by tens of percent; the ratios beside them are measured minutes apart.
 """
@@ -131,7 +131,8 @@ def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str
             tpots = [r.tpot_s for r in records if r.tpot_s is not None]
             figures[str(clients)] = {
                 "tok_s": tokens / seconds, "ttft_p50_s": percentile([r.ttft_s for r in records if r.ttft_s], 50),
-                "itl_p50_s": statistics.median(tpots) if tpots else float("nan"), "rss_bytes": tree_rss_bytes(process.pid),
+                "itl_p50_s": statistics.median(tpots) if tpots else float("nan"),
+                "rss_bytes": tree_rss_bytes(process.pid),
                 "tokens": tokens, "asked": count * args.output_len}
             print(f"{name} {clients} clients: {json.dumps(figures[str(clients)])}", flush=True)
     return figures
@@ -153,7 +154,8 @@ def markdown(args: argparse.Namespace, results: dict[str, dict[str, dict[str, fl
     lines = [f"Model: `{args.model.name}` (hf/ bf16; GGUF `{args.gguf.name}`), prompts of {args.input_len} tokens, "
              f"{args.output_len} generated (ignore_eos), {args.requests_per_client} request(s) per client, "
              f"{args.threads} threads; tgictl extra args: `{args.tgictl_args or '-'}`.", "",
-             "| server | clients | tok/s | vs peer | TTFT p50 s | ITL p50 ms | RSS GiB |", "|---|---|---|---|---|---|---|"]
+             "| server | clients | tok/s | vs peer | TTFT p50 s | ITL p50 ms | RSS GiB |",
+             "|---|---|---|---|---|---|---|"]
     for name, per_clients in results.items():
         for clients, f in per_clients.items():
             peer = peers.get(name)
@@ -162,7 +164,8 @@ def markdown(args: argparse.Namespace, results: dict[str, dict[str, dict[str, fl
             lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {ratio} | {f['ttft_p50_s']:.2f} | "
                          f"{f['itl_p50_s'] * 1e3:.0f} | {f['rss_bytes'] / 2**30:.2f} |")
     if raw:
-        lines.append(f"| llama-bench (no HTTP) | 1 | {raw['decode']:.2f} decode, {raw['prefill']:.1f} prefill | | | | |")
+        rates = f"{raw['decode']:.2f} decode, {raw['prefill']:.1f} prefill"
+        lines.append(f"| llama-bench (no HTTP) | 1 | {rates} | | | | |")
         if "tgictl-gguf" in results and "1" in results["tgictl-gguf"]:
             lines += ["", f"tgictl-gguf at 1 client through HTTP: "
                           f"{results['tgictl-gguf']['1']['tok_s'] / raw['decode']:.2f}x llama-bench's raw decode."]

@@ -8,7 +8,8 @@
  * - Scores (AVX512-VNNI): the query of each head is quantized once per task to two int8 parts with their own
  *   scales, q ~ s q_hi + (s / 254) q_lo (the second part the first's rounding error): one int8 query (as llama.cpp's
  *   q8_0 cache has) lost 0.05-0.18 of an attention output on SmolLM2's outlier query dimensions, enough to change a
- *   greedy answer; two parts leave ~1/500 of a step of the scale, at one more VPDPBUSD per four dimensions. Per block of 16 keys and KV head, the 16 rows (d bytes each)
+ *   greedy answer; two parts leave ~1/500 of a step of the scale, at one more VPDPBUSD per four dimensions.
+ *   Per block of 16 keys and KV head, the 16 rows (d bytes each)
  *   are transposed so that a 32-bit lane holds four dimensions of one key, and a head's 16 scores are d / 4
  *   VPDPBUSD (unsigned key bytes, k + 128 by flipping the sign bit, times the signed query bytes; 128 times the
  *   query's sum is taken off after) with the query's four bytes broadcast: no sums across lanes. Then times the
@@ -237,14 +238,10 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
         const int n = len - b < KEY_BLOCK ? (int)(len - b) : KEY_BLOCK;
         int64_t sl[KEY_BLOCK];
         for (int j = 0; j < KEY_BLOCK; j++) sl[j] = slots[b + (j < n ? j : 0)]; /* past the end: key b again, p 0 */
-#ifndef Q8_SKIP_READ
         if (b % window == 0) read_ahead(a->key_cache, a->value_cache, slots + b, len - b < window ? len - b : window, row);
-#endif
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);
         for (int64_t h = 0; h < kv_heads; h++) {
-#ifndef Q8_SKIP_SCORES
             block_scores(a, sl, h, q8, qsum, qmul, w + h * G * KEY_BLOCK, G, V);
-#endif
             const __m512 sv = gather_scales(a->value_scales, sl, kv_heads, h);
             for (int g = 0; g < G; g++) { /* the online softmax step of head x */
                 const int64_t x = h * G + g;
@@ -256,9 +253,7 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
                 m[x] = top;
                 _mm512_storeu_ps(w + x * KEY_BLOCK, _mm512_mul_ps(e, sv));
             }
-#ifndef Q8_SKIP_VALUES
             block_values(a, sl, n, h, w + h * G * KEY_BLOCK, rescale + h * G, acc + h * G * d, G, V);
-#endif
         }
     }
     for (int64_t x = 0; x < heads; x++) {

@@ -49,7 +49,8 @@ def decode_step_bound(shape: ModelShape, *, batch: int, context: int, dtype_byte
     if batch < 1 or context < 0 or dtype_bytes < 1 or bandwidth_bytes_per_s <= 0 or gemm_flops_per_s <= 0:
         raise ValueError("batch >= 1, context >= 0, dtype_bytes >= 1 and positive rates are required")
     weights = streamed_weight_parameters(shape)
-    kv_token = shape.num_layers * 2 * shape.num_kv_heads * kv_bytes_per_head(kv_cache_dtype, shape.head_dim, dtype_bytes)
+    per_head = kv_bytes_per_head(kv_cache_dtype, shape.head_dim, dtype_bytes)  # one token's K (or V) of one head
+    kv_token = shape.num_layers * 2 * shape.num_kv_heads * per_head
     kv_bytes = batch * context * kv_token
     gemm_flops = 2 * batch * weights
     attention_flops = batch * shape.num_layers * 2 * 2 * shape.num_heads * shape.head_dim * context
