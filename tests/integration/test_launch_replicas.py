@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -95,6 +97,21 @@ def test_both_apis_through_the_public_port(fleet: Fleet) -> None:
     hub = InferenceClient(f"{url}/generate")
     assert isinstance(hub.text_generation("hello", max_new_tokens=3), str)
     assert len(list(hub.text_generation("hello", max_new_tokens=3, stream=True))) == 3
+
+
+def test_bench_loads_the_gateway_by_the_name_it_routes(fleet: Fleet, tmp_path: Path) -> None:
+    """The gateway has no /info: `tgictl bench` names the model /v1/models lists (a `model` no worker
+    serves would fail every request)."""
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "tgictl", "bench", "--url", fleet.launch.url, "--api", "openai-completions",
+         "--tokenizer", fleet.model, "--input-len", "8", "--output-len", "2", "--num-requests", "4",
+         "--concurrency", "2", "--output", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())["runs"][0]["summary"]
+    assert (summary["succeeded"], summary["failed"]) == (4, 0), summary["errors"]
 
 
 def test_each_replica_runs_on_its_own_cores(fleet: Fleet) -> None:

@@ -80,11 +80,24 @@ async def server_model_id(client: httpx.AsyncClient) -> str | None:
     return model_id if isinstance(model_id, str) else None
 
 
+async def openai_model_name(client: httpx.AsyncClient) -> str | None:
+    """The first model an OpenAI-compatible server lists (/v1/models): the name it routes by. A gateway
+    (SMG) or vLLM has no /info, and a gateway refuses a `model` no worker serves."""
+    try:
+        response = await client.get("/v1/models")
+        listed = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    first = listed[0] if isinstance(listed, list) and listed and isinstance(listed[0], dict) else {}
+    name = first.get("id")
+    return name if isinstance(name, str) else None
+
+
 async def _tokenizer(config: BenchConfig, client: httpx.AsyncClient) -> RouterTokenizer | None:
     name = config.tokenizer or config.model_id
     if name is not None:
         return load_tokenizer(name)
-    served = await server_model_id(client)
+    served = await server_model_id(client) or await openai_model_name(client)
     if served is None:
         return None
     try:
@@ -176,7 +189,7 @@ async def run_http_bench(config: BenchConfig, console: Console) -> dict[str, Any
         maker = PromptMaker(tokenizer) if tokenizer is not None else None
         size = config.num_requests or DEFAULT_RANDOM_REQUESTS
         prompts = build_workload(config, maker, size, config.seed)  # sizes every run of the sweep
-        model = config.model_id or await server_model_id(client) or "tgictl"
+        model = config.model_id or await openai_model_name(client) or await server_model_id(client) or "tgictl"
         settings = ApiSettings(config.api, model, config.ignore_eos)
         if config.warmup:
             warm = build_workload(config, maker, config.warmup, config.seed + _WARMUP_SEED_OFFSET)
