@@ -1,6 +1,7 @@
 """How close the shard's decode step comes to this machine's limit.
 
-    python scripts/engine_bound.py [--batch 32] [--context 256] [--dtype bfloat16] [--threads 2]
+    python scripts/engine_bound.py [--batch 1,16] [--context 256] [--dtype bfloat16] [--threads 2]
+        [--kv-cache-dtype auto|int8] [--model-dir DIR] [--markdown-out FILE]
 
 Measures the DRAM read bandwidth (a sum over a tensor far larger than the caches) and the GEMM rate
 (square matmuls at 2048, the best the cores reach: torch's in the dtype, or in float32 where that is
@@ -8,7 +9,8 @@ faster, since a CPU without bf16 math multiplies bf16 at most at its float32 FMA
 matmul is a generic loop there); and the model's own projections at `--batch` rows, through the shard's
 linear), computes the step's bound from them (tgictl/runtime/profile/step_bound.py: the bytes
 it must stream and the FLOPs it must do), then times the real served step (ModelRunner.generate_token
-on a decode batch, scripts/perf_decode.py's setup) and prints the ratio bound / measured.
+on a decode batch, scripts/perf_decode.py's setup) and prints the ratio bound / measured, for each --batch size
+(one markdown row each: weights and KV bytes per step, the bound, the measured step).
 Not a test: figures depend on the machine and its load (printed with them).
 """
 
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from perf_decode import DEFAULT_MODEL, decode_batch  # noqa: E402
 
 from tgictl.env import apply_shard_library_defaults  # noqa: E402
+from tgictl.kv_cache_dtype import KV_CACHE_DTYPES  # noqa: E402
 from tgictl.kernels.linear import linear  # noqa: E402
 from tgictl.runtime.profile.model_shape import ModelShape, model_shape  # noqa: E402
 from tgictl.runtime.profile.hardware import measure_matmul_flops  # noqa: E402
@@ -76,11 +79,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", default="1,16", help="decode rows, comma-separated")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--steps", type=int, default=9, help="timed decode steps (median)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
+    parser.add_argument("--markdown-out", type=Path, default=None)
     args = parser.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
     apply_shard_library_defaults()  # the shard's huge pages and oneDNN cache, before the first big allocation
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,34 +99,50 @@ def main() -> None:
     in_float32 = in_dtype if dtype == torch.float32 else \
         measure_matmul_flops("float32", size=2048, seconds=0.3, repeats=3).flops_per_s
     peak = max(in_dtype, in_float32)
-    at_batch = model_gemm_rate(shape, args.batch, dtype)
-    bound = decode_step_bound(shape, batch=args.batch, context=args.context, dtype_bytes=dtype.itemsize,
-                              bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=peak)
-    at_shapes = decode_step_bound(shape, batch=args.batch, context=args.context, dtype_bytes=dtype.itemsize,
-                                  bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=at_batch)
+    rows = [f"| rows | cached tokens | weights MB | KV MB ({args.kv_cache_dtype}) | bound ms | limited by | "
+            "measured step ms | bound / measured |", "|---|---|---|---|---|---|---|---|"]
+    for batch in batches:
+        at_batch = model_gemm_rate(shape, batch, dtype)
+        bound = decode_step_bound(shape, batch=batch, context=args.context, dtype_bytes=dtype.itemsize,
+                                  bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=peak,
+                                  kv_cache_dtype=args.kv_cache_dtype)
+        at_shapes = decode_step_bound(shape, batch=batch, context=args.context, dtype_bytes=dtype.itemsize,
+                                      bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=at_batch,
+                                      kv_cache_dtype=args.kv_cache_dtype)
+        step = measured_step(args, dtype, batch)
+        print(f"step of {batch} x {args.context} cached: streams {bound.weight_bytes / 1e6:.0f} MB weights + "
+              f"{bound.kv_bytes / 1e6:.0f} MB KV -> {bound.memory_s * 1e3:.1f} ms; "
+              f"{(bound.gemm_flops + bound.attention_flops) / 1e9:.2f} GFLOP -> {bound.compute_s * 1e3:.1f} ms at "
+              f"the peak rate, {at_shapes.compute_s * 1e3:.1f} ms at the model-shape rate "
+              f"({at_batch / 1e9:.0f} GFLOP/s with {batch} rows)")
+        print(f"bound {bound.bound_s * 1e3:.1f} ms ({bound.limited_by}; {batch / bound.bound_s:.0f} tok/s); "
+              f"measured step {step * 1e3:.1f} ms ({batch / step:.1f} tok/s): {bound.bound_s / step:.0%} of the "
+              f"bound ({at_shapes.bound_s / step:.0%} of the bound at the model-shape GEMM rate)", flush=True)
+        rows.append(f"| {batch} | {args.context} | {bound.weight_bytes / 1e6:.0f} | {bound.kv_bytes / 1e6:.0f} | "
+                    f"{bound.bound_s * 1e3:.1f} | {bound.limited_by} | {step * 1e3:.1f} | {bound.bound_s / step:.0%} |")
+    load = max(load_before, os.getloadavg()[0])
+    machine = (f"{torch.get_num_threads()} threads, load {load:.2f}; DRAM read {bandwidth / 1e9:.1f} GB/s; "
+               f"{args.dtype} GEMM {in_dtype / 1e9:.0f} GFLOP/s at 2048^3 (float32 {in_float32 / 1e9:.0f}; the peak "
+               f"taken: {peak / 1e9:.0f})")
+    table = f"{args.model_dir.name}, {args.dtype}: {machine}\n\n" + "\n".join(rows) + "\n"
+    print(table)
+    if args.markdown_out is not None:
+        args.markdown_out.write_text(table)
 
-    _, runner, batch, _ = decode_batch(args.model_dir, dtype, args.batch, args.context, args.steps + 4)
+
+def measured_step(args: argparse.Namespace, dtype: torch.dtype, batch: int) -> float:
+    """The median seconds of the served decode step (ModelRunner.generate_token) of `batch` rows."""
+    _, runner, decode, _ = decode_batch(args.model_dir, dtype, batch, args.context, args.steps + 4,
+                                        kv_cache_dtype=args.kv_cache_dtype)
     times = []
     for _ in range(args.steps + 2):
         start = time.perf_counter()
-        _, kept, _ = runner.generate_token(batch)
+        _, kept, _ = runner.generate_token(decode)
         times.append(time.perf_counter() - start)
         if kept is None:
             raise SystemExit("the batch finished early")
-        batch = kept
-    step = statistics.median(times[2:])
-    load = max(load_before, os.getloadavg()[0])
-    print(f"machine: {torch.get_num_threads()} threads, load {load:.2f}; DRAM read {bandwidth / 1e9:.1f} GB/s; "
-          f"{args.dtype} GEMM {in_dtype / 1e9:.0f} GFLOP/s at 2048^3 (float32 {in_float32 / 1e9:.0f}; the peak "
-          f"taken: {peak / 1e9:.0f}), {at_batch / 1e9:.0f} GFLOP/s at the model's shapes with {args.batch} rows")
-    print(f"step of {args.batch} x {args.context} cached: streams {bound.weight_bytes / 1e6:.0f} MB weights + "
-          f"{bound.kv_bytes / 1e6:.0f} MB KV -> {bound.memory_s * 1e3:.1f} ms; "
-          f"{(bound.gemm_flops + bound.attention_flops) / 1e9:.2f} GFLOP -> {bound.compute_s * 1e3:.1f} ms at the peak "
-          f"rate, {at_shapes.compute_s * 1e3:.1f} ms at the model-shape rate")
-    print(f"bound {bound.bound_s * 1e3:.1f} ms ({bound.limited_by}; {args.batch / bound.bound_s:.0f} tok/s); "
-          f"measured step {step * 1e3:.1f} ms ({args.batch / step:.0f} tok/s): {bound.bound_s / step:.0%} of the "
-          f"bound ({at_shapes.bound_s / step:.0%} of the bound at the model-shape GEMM rate)")
-
+        decode = kept
+    return statistics.median(times[2:])
 
 if __name__ == "__main__":
     main()

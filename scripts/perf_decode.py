@@ -67,7 +67,8 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
 
 
 def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int, new_tokens: int,
-                 quantize: QuantizeSpec | None = None) -> tuple[CausalLM, ModelRunner, ShardBatch, float]:
+                 quantize: QuantizeSpec | None = None, kv_cache_dtype: str = "auto",
+                 ) -> tuple[CausalLM, ModelRunner, ShardBatch, float]:
     """The model, its runner, a decode batch of `batch` random prompts of `context` tokens, each
     prefilled alone (whole prompt) and then concatenated: the decode batch of a server, with room
     for `new_tokens` more tokens per row; and the seconds those prefills took."""
@@ -77,7 +78,7 @@ def decode_batch(model_dir: Path, dtype: torch.dtype, batch: int, context: int, 
     # room for every row, then for one more prompt of `context` tokens (--compare-batch-invariant)
     blocks = 1 + (batch + 1) * -(-(context + new_tokens) // BLOCK)
     runner = ModelRunner(
-        model, model.allocate_kv_cache(blocks, BLOCK), block_size=BLOCK, dist=DistContext.single(),
+        model, model.allocate_kv_cache(blocks, BLOCK, kv_cache_dtype=kv_cache_dtype), block_size=BLOCK, dist=DistContext.single(),
         device=torch.device("cpu"),
     )
     parts = []

@@ -15,6 +15,7 @@ import typer
 from tgictl.commands import speculation_options as spec
 from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
 from tgictl.commands.health_option import HEALTH_STEP_TIMEOUT_OPTION
+from tgictl.commands.kv_cache_dtype_option import KV_CACHE_DTYPE_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.commands.router_options import RouterFlags, with_router_options
 from tgictl.config import (
@@ -49,6 +50,7 @@ def launch(
         help="KV cache bytes per shard, e.g. 4GiB (CPU: the budget, default min(25% of available RAM, 4 GiB); "
         "CUDA: a cap on what free memory allows).",
     ),
+    kv_cache_dtype: str = KV_CACHE_DTYPE_OPTION,
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     batch_invariant: bool = BATCH_INVARIANT_OPTION,
@@ -102,6 +104,7 @@ def launch(
         dtype=dtype,
         block_size=block_size,
         kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
+        kv_cache_dtype=kv_cache_dtype,
         quantize=quantize_spec(quantize, quantize_group_size),
         batch_invariant=batch_invariant,
         shard_uds_path=shard_uds_path.expanduser().absolute() if shard_uds_path is not None else None,

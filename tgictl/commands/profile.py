@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tgictl.commands.kv_cache_dtype_option import KV_CACHE_DTYPE_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.config import DEFAULT_MODEL_ID, LogConfig, check_model_id, check_replicas
 from tgictl.env import read_env
@@ -202,6 +203,7 @@ def _measure_settings(
         max_input_tokens=settings.max_input_tokens,
         max_total_tokens=settings.max_total_tokens,
         quantize=settings.quantize,
+        kv_cache_dtype=settings.kv_cache_dtype,
     )
 
 
@@ -232,6 +234,7 @@ def profile(
         "CUDA: a cap on what free memory allows).",
     ),
     cuda_memory_fraction: float = typer.Option(1.0, "--cuda-memory-fraction", help="Share of each GPU to use."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE_OPTION,
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     replicas: int = typer.Option(
@@ -258,6 +261,7 @@ def profile(
         kv_cache_memory_bytes=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
         cuda_memory_fraction=cuda_memory_fraction,
         quantize=quantize_spec(quantize, quantize_group_size),
+        kv_cache_dtype=kv_cache_dtype,
     )
     check_model_id(model_id)
     check_replicas(replicas, tuple(replica_cpus or ()))

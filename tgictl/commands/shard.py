@@ -15,6 +15,7 @@ import typer
 from tgictl.commands import speculation_options as spec
 from tgictl.commands.batch_invariant_option import BATCH_INVARIANT_OPTION
 from tgictl.commands.health_option import HEALTH_STEP_TIMEOUT_OPTION
+from tgictl.commands.kv_cache_dtype_option import KV_CACHE_DTYPE_OPTION
 from tgictl.commands.quantize_options import GROUP_SIZE_OPTION, QUANTIZE_OPTION
 from tgictl.config import (
     DEFAULT_MODEL_ID,
@@ -60,6 +61,7 @@ def shard(
     speculate_ngram_min: int = spec.NGRAM_MIN,
     speculate_ngram_max: int = spec.NGRAM_MAX,
     speculate_max_batch: int = spec.MAX_BATCH,
+    kv_cache_dtype: str = KV_CACHE_DTYPE_OPTION,
     quantize: Optional[str] = QUANTIZE_OPTION,
     quantize_group_size: Optional[int] = GROUP_SIZE_OPTION,
     batch_invariant: bool = BATCH_INVARIANT_OPTION,
@@ -79,6 +81,7 @@ def shard(
         uds_path=uds_path if uds_path is not None else default_uds_path(os.getuid()),
         block_size=block_size,
         kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory is not None else None,
+        kv_cache_dtype=kv_cache_dtype,
         quantize=quantize_spec(quantize, quantize_group_size),
         batch_invariant=batch_invariant,
         rank=env.rank if env.rank is not None else 0,

@@ -16,6 +16,7 @@ from tgictl.config.shard import (
     check_shard_settings,
 )
 from tgictl.errors import ConfigError
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE
 from tgictl.quantization import QuantizeSpec
 
 # SMG's routing policies `--gateway-policy` offers (SMG's own names; docs/replicas.md compares three).
@@ -51,6 +52,7 @@ class LaunchConfig:
     dtype: str | None = None
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes per shard
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # passed to every shard
     quantize: QuantizeSpec | None = None  # passed to every shard
     batch_invariant: bool = False  # passed to every shard
     shard_uds_path: Path | None = None
@@ -73,7 +75,7 @@ class LaunchConfig:
     replica_restart_delay_s: float = 1.0  # before a dead replica starts again (doubles while it keeps dying)
 
     def __post_init__(self) -> None:
-        check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
+        check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory, self.kv_cache_dtype)
         if self.num_shard < 1:
             raise ConfigError(f"--num-shard must be >= 1, got {self.num_shard}")
         check_replicas(self.replicas, self.replica_cpus)

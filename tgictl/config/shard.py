@@ -9,6 +9,7 @@ from tgictl.config.lora import LoraAdapterSpec
 from tgictl.config.model_files import check_model_id
 from tgictl.config.process import TracingConfig
 from tgictl.errors import ConfigError
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype
 from tgictl.quantization import QuantizeSpec
 
 SHARD_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -33,8 +34,10 @@ def check_health_step_timeout(seconds: float) -> None:
         raise ConfigError(f"--health-step-timeout must be > 0 seconds, got {seconds}")
 
 
-def check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None) -> None:
+def check_shard_settings(model_id: str, dtype: str | None, block_size: int, kv_cache_memory: int | None,
+                         kv_cache_dtype: str) -> None:
     """The settings a shard takes, checked the same way wherever they are given (shard or launch)."""
+    check_kv_cache_dtype(kv_cache_dtype)
     check_model_id(model_id)
     if dtype is not None and dtype not in SHARD_DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(SHARD_DTYPES)}, got {dtype!r}")
@@ -82,6 +85,7 @@ class ShardConfig:
     dtype: str | None = None  # None: bfloat16 on CUDA and on CPUs with native bf16 math, else float32
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | None = None  # bytes; None: the runtime's default budget
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # --kv-cache-dtype: the cache's format (docs/kv-cache.md)
     quantize: QuantizeSpec | None = None  # --quantize: safetensors projections quantized at load
     batch_invariant: bool = False  # --batch-invariant: linears in fixed row blocks (kernels/batch_invariance.py)
     rank: int = 0
@@ -97,7 +101,7 @@ class ShardConfig:
     lora_adapters: tuple[LoraAdapterSpec, ...] = ()  # served beside the base model, in this order
 
     def __post_init__(self) -> None:
-        check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory)
+        check_shard_settings(self.model_id, self.dtype, self.block_size, self.kv_cache_memory, self.kv_cache_dtype)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"RANK must be in 0 .. WORLD_SIZE - 1, got RANK={self.rank}, WORLD_SIZE={self.world_size}"

@@ -17,13 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tgictl.kernels.kv_pages import Int8Pages, Pages, gather_rows
 from tgictl.kernels.metadata import DecodePlan, PrefillPlan
-from tgictl.kernels.native import load_native_kernels
-
-
-def _flat(cache: Tensor) -> Tensor:
-    # [num_blocks, block_size, kv_heads, head_dim] -> [num_slots, kv_heads, head_dim] (a view)
-    return cache.view(-1, cache.shape[2], cache.shape[3])
+from tgictl.kernels.native import load_native_kernels, paged_decode_int8
 
 
 def _softcapped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, softcap: float) -> Tensor:
@@ -69,8 +65,8 @@ def _decode_output(probs: Tensor, v: Tensor, group: int) -> Tensor:
 
 def decode_attention(
     query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
+    key_cache: Pages,
+    value_cache: Pages,
     plan: DecodePlan,
     scale: float,
     softcap: float | None = None,
@@ -84,8 +80,12 @@ def decode_attention(
     arithmetic, when it is available; otherwise, or for dtypes it does not take, the torch ops.
     """
     if query.device.type == "cpu" and (native := load_native_kernels()) is not None:
-        out = native.paged_decode(query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
-                                  plan.max_context_len, scale, softcap)
+        if isinstance(key_cache, Int8Pages) and isinstance(value_cache, Int8Pages):
+            out = paged_decode_int8(native, query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
+                                    plan.max_context_len, scale, softcap)
+        else:
+            out = native.paged_decode(query.contiguous(), key_cache, value_cache, plan.slots, plan.context_lens,
+                                      plan.max_context_len, scale, softcap)
         if out is not None:
             return out
     return decode_attention_torch(query, key_cache, value_cache, plan, scale, softcap)
@@ -93,8 +93,8 @@ def decode_attention(
 
 def decode_attention_torch(
     query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
+    key_cache: Pages,
+    value_cache: Pages,
     plan: DecodePlan,
     scale: float,
     softcap: float | None = None,
@@ -111,8 +111,8 @@ def decode_attention_torch(
     t = plan.max_context_len
     dtype = query.dtype
     # k, v: [n, T, kv_heads, head_dim], contiguous (padding rows gather the sequence's position 0)
-    k = _flat(key_cache).index_select(0, plan.slots).view(n, t, kv_heads, head_dim).to(dtype)
-    v = _flat(value_cache).index_select(0, plan.slots).view(n, t, kv_heads, head_dim).to(dtype)
+    k = gather_rows(key_cache, plan.slots, dtype).view(n, t, kv_heads, head_dim)
+    v = gather_rows(value_cache, plan.slots, dtype).view(n, t, kv_heads, head_dim)
     scores = _decode_scores(query.view(n, kv_heads, group, head_dim), k).float() * scale  # [n, heads, T]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -122,8 +122,8 @@ def decode_attention_torch(
 
 def prefill_attention(
     query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
+    key_cache: Pages,
+    value_cache: Pages,
     plan: PrefillPlan,
     scale: float,
     softcap: float | None = None,
@@ -148,8 +148,8 @@ def prefill_attention(
 
 def prefill_attention_torch(
     query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
+    key_cache: Pages,
+    value_cache: Pages,
     plan: PrefillPlan,
     scale: float,
     softcap: float | None = None,
@@ -163,8 +163,8 @@ def prefill_attention_torch(
     dtype = torch.bfloat16 if query.dtype == torch.bfloat16 and softcap is None else torch.float32
     # k, v: [heads, context_len, head_dim]; KV head h serves query heads h*group .. (h+1)*group-1.
     # The copy for GQA is cheap next to prefill's L x T compute, and needs no torch>=2.5 enable_gqa.
-    k = _flat(key_cache).index_select(0, plan.slots).to(dtype).transpose(0, 1)
-    v = _flat(value_cache).index_select(0, plan.slots).to(dtype).transpose(0, 1)
+    k = gather_rows(key_cache, plan.slots, dtype).transpose(0, 1)
+    v = gather_rows(value_cache, plan.slots, dtype).transpose(0, 1)
     if group > 1:
         k = k.repeat_interleave(group, dim=0)
         v = v.repeat_interleave(group, dim=0)

@@ -9,20 +9,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tgictl.kernels.kv_pages import Pages, gather_rows
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 
 
-def _context(cache: Tensor, table: tuple[int, ...], context_len: int) -> Tensor:
-    """Positions 0 .. context_len - 1 of one sequence: [context_len, kv_heads, head_dim]."""
+def _context(cache: Pages, table: tuple[int, ...], context_len: int) -> Tensor:
+    """Positions 0 .. context_len - 1 of one sequence in float32 (int8 caches dequantized):
+    [context_len, kv_heads, head_dim]."""
     block_size = cache.shape[1]
-    blocks = [cache[b] for b in table[: (context_len + block_size - 1) // block_size]]
-    return torch.cat(blocks, dim=0)[:context_len]
+    positions = torch.arange(context_len)
+    slots = torch.tensor(table, dtype=torch.int64)[positions // block_size] * block_size + positions % block_size
+    return gather_rows(cache, slots.to(cache.device), torch.float32)
 
 
 def attention_reference(
     query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
+    key_cache: Pages,
+    value_cache: Pages,
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,
@@ -42,8 +45,8 @@ def attention_reference(
         context_len = cache_len + new_len
         # q: [heads, new_len, D]; k, v: [heads, context_len, D] (KV head h // group serves head h)
         q = query[start : start + new_len].float().transpose(0, 1)
-        k = _context(key_cache, table, context_len).float().repeat_interleave(group, dim=1).transpose(0, 1)
-        v = _context(value_cache, table, context_len).float().repeat_interleave(group, dim=1).transpose(0, 1)
+        k = _context(key_cache, table, context_len).repeat_interleave(group, dim=1).transpose(0, 1)
+        v = _context(value_cache, table, context_len).repeat_interleave(group, dim=1).transpose(0, 1)
         scores = q @ k.transpose(1, 2) * scale  # [heads, new_len, context_len]
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap

@@ -17,6 +17,7 @@ from torch import Tensor
 from tgictl.errors import ConfigError
 from tgictl.kernels.attention_fast import decode_attention, prefill_attention
 from tgictl.kernels.attention_reference import attention_reference
+from tgictl.kernels.kv_pages import Pages
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.window import windowed
 
@@ -25,8 +26,8 @@ class AttentionFn(Protocol):
     def __call__(
         self,
         query: Tensor,
-        key_cache: Tensor,
-        value_cache: Tensor,
+        key_cache: Pages,
+        value_cache: Pages,
         meta: AttentionMetadata,
         scale: float,
         softcap: float | None = None,
@@ -36,8 +37,8 @@ class AttentionFn(Protocol):
 
 def attention(
     query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
+    key_cache: Pages,
+    value_cache: Pages,
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,
@@ -46,7 +47,8 @@ def attention(
     """Paged causal attention for the new tokens of a (mixed) batch.
 
     query: [num_tokens, heads, head_dim], the new tokens of every sequence in batch order, whose
-    K/V are already stored; caches: [num_blocks, block_size, kv_heads, head_dim]. window: a sliding
+    K/V are already stored; caches: [num_blocks, block_size, kv_heads, head_dim] in their format
+    (kernels/kv_pages.py). window: a sliding
     window's positions (a query sees itself and the window - 1 positions before it), None for all.
     Returns [num_tokens, heads, head_dim] in query's dtype.
     """

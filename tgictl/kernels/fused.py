@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
+from tgictl.kernels.kv_pages import Int8Pages, Pages
 from tgictl.kernels.native import NativeKernels, load_native_kernels
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
@@ -68,14 +69,23 @@ def silu_mul(gate_up: Tensor) -> Tensor | None:
     return out
 
 
-def rotary_store_kv(qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, key_cache: Tensor,
-                    value_cache: Tensor, heads: int, kv_heads: int) -> Tensor | None:
+def rotary_store_kv(qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, key_cache: Pages,
+                    value_cache: Pages, heads: int, kv_heads: int) -> Tensor | None:
     """Rotate q and k of the fused projection, store k and v at `slots`, return q [tokens, heads, d].
 
     qkv: [tokens, (heads + 2 * kv_heads) * d]; cos, sin: [tokens, d // 2]; slots: [tokens] int64;
-    caches: [num_blocks, block_size, kv_heads, d] of qkv's dtype. None when it cannot run natively.
+    caches: [num_blocks, block_size, kv_heads, d] of qkv's dtype, or int8 pages (kernels/kv_pages.py: the rows
+    quantized as the torch store quantizes them). None when it cannot run natively.
     """
-    native = _native_for(qkv, cos, sin, key_cache, value_cache)
+    quantized = isinstance(key_cache, Int8Pages) and isinstance(value_cache, Int8Pages)
+    if quantized:
+        native = _native_for(qkv, cos, sin)
+        storage: tuple[Tensor, ...] = (key_cache.values, key_cache.scales, value_cache.values, value_cache.scales)
+        if not all(t.device.type == "cpu" and t.is_contiguous() for t in storage):
+            native = None
+    else:
+        native = _native_for(qkv, cos, sin, key_cache, value_cache)
+        storage = (key_cache, value_cache)
     tokens = qkv.shape[0]
     d = key_cache.shape[-1] if key_cache.dim() == 4 else 0
     if native is None or d == 0 or d % 2 or qkv.dim() != 2 or qkv.shape[1] != (heads + 2 * kv_heads) * d \
@@ -85,13 +95,15 @@ def rotary_store_kv(qkv: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, key_ca
         return None
     q = torch.empty(tokens, heads, d, dtype=qkv.dtype)
     num_slots = key_cache.shape[0] * key_cache.shape[1]
-    fn = native.rotary_store_bf16 if _bf16(qkv.dtype) else native.rotary_store_f32
+    if quantized:
+        fn = native.rotary_store_q8_bf16 if _bf16(qkv.dtype) else native.rotary_store_q8_f32
+    else:
+        fn = native.rotary_store_bf16 if _bf16(qkv.dtype) else native.rotary_store_f32
     status = fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), q.data_ptr(),
-                key_cache.data_ptr(), value_cache.data_ptr(), tokens, heads, kv_heads, d, num_slots,
-                torch.get_num_threads())
-    if status != 0:  # the same refusal index_copy_ gives the torch path, before anything is written
+                *(t.data_ptr() for t in storage), tokens, heads, kv_heads, d, num_slots, torch.get_num_threads())
+    if status == -1:  # the same refusal index_copy_ gives the torch path, before anything is written
         raise InvalidRequestError(f"a KV slot lies outside the cache's {num_slots} slots")
-    return q
+    return q if status == 0 else None
 
 
 def greedy(logits: Tensor) -> tuple[Tensor, Tensor] | None:

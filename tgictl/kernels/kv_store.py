@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from tgictl.kernels.kv_pages import Pages, store_rows
 
-def store_kv(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor) -> None:
-    """Write row t of key/value at flat slot slots[t] = block * block_size + offset, in place.
+
+def store_kv(key: Tensor, value: Tensor, key_cache: Pages, value_cache: Pages, slots: Tensor) -> None:
+    """Write row t of key/value at flat slot slots[t] = block * block_size + offset, in place, in the cache's
+    format (kernels/kv_pages.py: the model's dtype, int8 with scales, or fp8).
 
     key, value: [num_tokens, kv_heads, head_dim]
     key_cache, value_cache: [num_blocks, block_size, kv_heads, head_dim] (contiguous)
     slots: [num_tokens] int64, each in 0 .. num_blocks * block_size - 1
     """
-    # A view over the (contiguous) cache, so index_copy_ writes straight into its storage.
-    # key_flat: [num_blocks * block_size, kv_heads, head_dim]
-    key_flat = key_cache.view(-1, key_cache.shape[2], key_cache.shape[3])
-    value_flat = value_cache.view(-1, value_cache.shape[2], value_cache.shape[3])
-    # The cache may hold a narrower dtype than the activations; the cast happens here, once.
-    key_flat.index_copy_(0, slots, key.to(key_cache.dtype))
-    value_flat.index_copy_(0, slots, value.to(value_cache.dtype))
+    store_rows(key, key_cache, slots)
+    store_rows(value, value_cache, slots)

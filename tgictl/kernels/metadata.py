@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from tgictl.errors import InvalidRequestError, UnsupportedModelError
+from tgictl.kernels.kv_pages import Pages
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,7 +262,7 @@ def build_attention_metadata(
 
 
 def check_attention_inputs(
-    query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata
+    query: Tensor, key_cache: Pages, value_cache: Pages, meta: AttentionMetadata
 ) -> None:
     """Cheap shape checks shared by every attention implementation (no device sync)."""
     if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:

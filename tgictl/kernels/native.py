@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from tgictl.env import read_env
+from tgictl.kernels.kv_pages import Int8Pages
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,11 @@ class NativeKernels:
     # bf16 linears of 5-64 rows by VDPBF16PS on the weight as stored, on AVX512-BF16 CPUs (csrc/dpbf16_linear.c).
     dpbf16_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
     dpbf16_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    # An int8 KV cache (--kv-cache-dtype int8): the rotary + store kernel writing int8 rows and their scales
+    # (csrc/fused_layers.c), decode attention reading them (csrc/decode_attention_q8.c).
+    rotary_store_q8_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rotary_store_q8_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
+    decode_q8: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -194,6 +200,27 @@ class NativeKernels:
         return out if status == 0 else None
 
 
+def paged_decode_int8(native: NativeKernels, query: Tensor, key_cache: Int8Pages, value_cache: Int8Pages,
+                      slots: Tensor, context_lens: Tensor, max_len: int, scale: float, softcap: float | None,
+                      portable: bool = False) -> Tensor | None:
+    """`NativeKernels.paged_decode` over int8 caches (csrc/decode_attention_q8.c): query [n, heads, d] bf16 or
+    float32, the output in its dtype. `portable` takes the loop every CPU runs (the tests compare both). None when
+    the inputs are not that or memory is refused."""
+    tensors = (query, key_cache.values, key_cache.scales, value_cache.values, value_cache.scales, slots, context_lens)
+    if query.dtype not in (torch.float32, torch.bfloat16) or any(t.device.type != "cpu" for t in tensors) \
+            or not all(t.is_contiguous() for t in tensors) or slots.dtype != torch.int64 \
+            or context_lens.dtype != torch.int64:
+        return None
+    n, heads, d = query.shape
+    out = torch.empty_like(query)
+    status = native.decode_q8(query.data_ptr(), int(query.dtype == torch.bfloat16), key_cache.values.data_ptr(),
+                              key_cache.scales.data_ptr(), value_cache.values.data_ptr(), value_cache.scales.data_ptr(),
+                              slots.data_ptr(), context_lens.data_ptr(), n, max_len, heads, key_cache.shape[2], d,
+                              scale, 0.0 if softcap is None else softcap, out.data_ptr(), torch.get_num_threads(),
+                              int(portable))
+    return out if status == 0 else None
+
+
 def _bf16_weight_product(kernel: Callable[..., int], x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
     """x [m, k] @ weight.T + bias by a C kernel taking (x, weight, bias, y, m, n, k, threads) on bf16 x and a
     bf16 weight [n, k] on the CPU; None where the inputs are not that or the kernel declines."""
@@ -290,6 +317,10 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_fma_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_dpbf16_linear_available": ([], c_int),
         "tgictl_dpbf16_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_rotary_store_q8_f32": ([p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_rotary_store_q8_bf16": ([p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_paged_decode_q8": ([p, c_int, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, c_int, c_int],
+                                   c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

@@ -35,6 +35,7 @@ CASES: dict[str, list[str] | str] = {
     "--max-batch-total-tokens": ["--max-batch-total-tokens", "0"],
     "--max-batch-size": ["--max-batch-size", "0"],
     "--kv-cache-memory": ["--kv-cache-memory", "lots"],
+    "--kv-cache-dtype": ["--kv-cache-dtype", "int4"],
     "--cuda-memory-fraction": ["--cuda-memory-fraction", "1.5"],
     "--quantize": ["--quantize", "int3"],
     "--quantize-group-size": ["--quantize-group-size", "48", "--quantize", "int4"],

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from tgictl.kernels import AttentionMetadata, build_attention_metadata, store_kv
+from tgictl.kernels.kv_pages import Int8Pages, Pages, allocate_pages
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,28 @@ class PagedCase:
     query: Tensor  # [num_tokens, heads, head_dim]
     keys: list[Tensor]  # per sequence [context_len, kv_heads, head_dim]
     values: list[Tensor]
-    key_cache: Tensor  # [num_blocks, block_size, kv_heads, head_dim]
-    value_cache: Tensor
+    key_cache: Pages  # [num_blocks, block_size, kv_heads, head_dim] in the case's --kv-cache-dtype
+    value_cache: Pages
     block_tables: list[list[int]]
     meta: AttentionMetadata
     scale: float
 
 
-def build_case(spec: CaseSpec, dtype: torch.dtype = torch.float32) -> PagedCase:
+def nan_pages(kv_cache_dtype: str, shape: tuple[int, int, int, int], dtype: torch.dtype) -> Pages:
+    """A cache of the format whose every slot reads as NaN until written (int8: NaN scales)."""
+    pages = allocate_pages(kv_cache_dtype, shape, dtype, torch.device("cpu"))
+    if isinstance(pages, Int8Pages):
+        pages.scales.fill_(float("nan"))
+        pages.values.random_(-127, 128, generator=torch.Generator().manual_seed(1))
+    else:
+        pages.fill_(float("nan"))
+    return pages
+
+
+def build_case(spec: CaseSpec, dtype: torch.dtype = torch.float32, kv_cache_dtype: str = "auto") -> PagedCase:
     """Write every sequence into a NaN-filled paged cache (prefix first, then the new tokens, as the
-    model would). NaN makes any read of a never-written slot show up in the output."""
+    model would). NaN makes any read of a never-written slot show up in the output. `keys` and `values`
+    hold what was written, before the cache's format rounded it."""
     gen = torch.Generator().manual_seed(spec.seed)
     bs = spec.block_size
     needed = [math.ceil((c + n) / bs) for c, n in spec.seqs]
@@ -57,8 +70,8 @@ def build_case(spec: CaseSpec, dtype: torch.dtype = torch.float32) -> PagedCase:
         tables.append(ids[:n])
         ids = ids[n:]
     shape = (num_blocks, bs, spec.kv_heads, spec.head_dim)
-    key_cache = torch.full(shape, float("nan"), dtype=dtype)
-    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    key_cache = nan_pages(kv_cache_dtype, shape, dtype)
+    value_cache = nan_pages(kv_cache_dtype, shape, dtype)
     keys, values, queries = [], [], []
     for (cache_len, new_len), table in zip(spec.seqs, tables):
         ctx = cache_len + new_len

@@ -7,16 +7,14 @@
  * one sequence three tasks for two cores. On SmolLM2 at batch 32 and 256 cached tokens it took ~20 of the
  * step's ~45 ms on 2 AMD Zen 5 cores, reading the KV cache at ~9 GB/s.
  *
- * Here a task is one chunk of consecutive positions of one sequence (half of a short one, CHUNK_KEYS, more for
- * very long sequences; the split depends on the sequence's own length, never on the batch, so a row's result is the
- * same in any batch) with every head. Per block of 16 keys: the scores of every query head, reading each
+ * Here a task is one chunk of consecutive positions of one sequence with every head (decode_tasks.h: the split, which
+ * depends on the sequence's own length only, and the merge). Per block of 16 keys: the scores of every query head, reading each
  * cached row once and whole (all its KV heads), by VDPBF16PS on the stored bf16 values (the query's own
  * bf16 values, the scale applied to the score), summed across lanes for the 16 keys together (a transposing
  * tree instead of 16 horizontal sums); then each head's running maximum and sum (flash decoding); then p v
  * in float32 per KV head, its group's value sums in registers, its rows now in L1/L2. The next block's rows
  * are asked for while this one computes, and each 96 KiB window of the chunk's rows is read once in a tight
- * loop before its blocks are computed (read_ahead). The chunks of a sequence are merged by their maxima and
- * sums in float32 and rounded to bf16 once.
+ * loop before its blocks are computed (read_ahead).
  *
  * Layouts (paged_decode.c's): query, out [n, heads, d] bf16; caches [num_slots, kv_heads, d] bf16; slots
  * [n, max_len] int64; context_lens [n] int64. Returns 0; -1 when scratch memory is refused; -2 when this
@@ -28,32 +26,15 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "decode_tasks.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
 #include "exp512.h"
+#include "read_ahead.h"
 
-#define CHUNK_KEYS 128 /* keys per task, unless a sequence would then have more than MAX_CHUNKS (64: 14 ms at
-                        * batch 32 and 256 cached tokens, 30 layers; 128: 13.3; fewer cold starts per row) */
-#define MAX_CHUNKS 16 /* caps the partial results' memory: n * MAX_CHUNKS * heads * (d + 2) floats */
-#define KEY_BLOCK 16  /* keys whose scores are summed across lanes together */
 #define MAX_GROUP 8   /* query heads per KV head served here */
-#define READ_AHEAD_BYTES (96 << 10) /* K and V bytes read ahead of the arithmetic (read_ahead) */
-
-/* Keys per chunk of a sequence of `len` keys: half of it (a multiple of 16) up to CHUNK_KEYS, so a short lone
- * sequence of a one-client decode step is two tasks for two cores (one row at 128 cached tokens, 30 layers,
- * cold: 0.45 -> 0.37 ms, Zen 5; at batch 32 and 64-160 keys ~3% slower, within the host's noise), then
- * CHUNK_KEYS (two halves of 129-256 keys measured the same as 128 + the rest), or more for long ones. */
-static int64_t chunk_keys(int64_t len) {
-    if (len <= CHUNK_KEYS) {
-        const int64_t half = ((len + 1) / 2 + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-        return half > KEY_BLOCK ? half : KEY_BLOCK;
-    }
-    if (len <= CHUNK_KEYS * MAX_CHUNKS) return CHUNK_KEYS;
-    const int64_t per = (len + MAX_CHUNKS - 1) / MAX_CHUNKS;
-    return (per + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-}
 
 /* Lane j of the result: the sum of the 16 lanes of v[j]. Four levels; each adds two vectors' lanes pairwise
  * across two inputs, halving the vectors and doubling the inputs each lane covers. */
@@ -88,30 +69,6 @@ static inline void prefetch_row(const uint16_t *row, int64_t row_bytes) {
     for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T1);
 }
 
-/* Reads every line of the K and V rows of `count` keys once, in a loop of independent loads, so that the block
- * loop below finds them in L2. Why: that loop's own loads and one-block-ahead prefetches kept only a few lines
- * in flight (a few keys' arithmetic fills the reorder window), so its reads of the cache and its arithmetic
- * took turns: at batch 32 and 256 cached tokens (SmolLM2, 2 Zen 5 cores) 12-15 ms for 30 layers, where the
- * arithmetic alone on cache-resident rows takes 4-5 ms and a bare read of the same rows in the same order
- * 5-6 ms. Reading each window first: 7.2-9.2 ms. The values read are not used. */
-static inline void read_ahead(const uint16_t *key_cache, const uint16_t *value_cache, const int64_t *slots,
-                              int64_t count, int64_t row_stride) {
-    __m512i seen = _mm512_setzero_si512();
-    for (int64_t t = 0; t < count; t++) {
-        const uint16_t *k = key_cache + slots[t] * row_stride, *v = value_cache + slots[t] * row_stride;
-        for (int64_t c = 0; c < row_stride; c += 32)
-            seen = _mm512_or_si512(seen, _mm512_or_si512(_mm512_loadu_si512(k + c), _mm512_loadu_si512(v + c)));
-    }
-    __asm__ volatile("" : : "v"(seen)); /* keeps the loads */
-}
-
-/* Keys per read_ahead window: READ_AHEAD_BYTES of K and V together (whole key blocks, at least one), so the
- * window stays in L2 while the block loop works through it. */
-static inline int64_t read_ahead_keys(int64_t row_bytes) {
-    const int64_t keys = READ_AHEAD_BYTES / (2 * row_bytes) / KEY_BLOCK * KEY_BLOCK;
-    return keys > KEY_BLOCK ? keys : KEY_BLOCK;
-}
-
 /* Every query head of a sequence over `len` keys (slots) of a chunk, G query heads per KV head.
  * query: [kv_heads G][d] bf16 as given; scratch: chunk_scratch_floats() floats; out: [heads][d + 2] = {maximum,
  * sum, value sums in natural order}. V: d / 16, the float32 vectors of a row.
@@ -136,10 +93,10 @@ static inline __attribute__((always_inline)) void chunk_heads(
         prefetch_row(key_cache + slots[t] * row_stride, row_bytes);
         prefetch_row(value_cache + slots[t] * row_stride, row_bytes);
     }
-    const int64_t window = read_ahead_keys(row_bytes);
+    const int64_t window = read_ahead_keys(row_bytes, KEY_BLOCK);
     for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK) {
         if (t0 % window == 0)
-            read_ahead(key_cache, value_cache, slots + t0, len - t0 < window ? len - t0 : window, row_stride);
+            read_ahead(key_cache, value_cache, slots + t0, len - t0 < window ? len - t0 : window, row_bytes);
         const int n = len - t0 < KEY_BLOCK ? (int)(len - t0) : KEY_BLOCK;
         const int next = len - t0 - n < KEY_BLOCK ? (int)(len - t0 - n) : KEY_BLOCK;
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);
@@ -225,33 +182,27 @@ static int64_t chunk_scratch_floats(int64_t heads, int64_t d) { return heads * (
         chunk_heads(query, key_cache, value_cache, slots, len, kv_heads, scale, softcap, scratch, out, G_, V_); \
         break;
 
+/* What every task of one call reads (decode_tasks.h's chunk function gets it as `args`). */
+typedef struct {
+    const uint16_t *query, *key_cache, *value_cache;
+    const int64_t *slots;
+    int64_t max_len, heads, kv_heads, d;
+    float scale, softcap;
+} bf16_call;
+
 /* The group size as a constant (1-8) in every loop bound, so a KV head's value sums stay in registers. */
-static void chunk_task(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
-                       const int64_t *slots, int64_t len, int64_t kv_heads, int64_t group, int64_t d, float scale,
-                       float softcap, float *scratch, float *out) {
-    if (d == 64) {
+static void chunk_task(const void *call_args, int64_t seq, int64_t t0, int64_t len, float *scratch, float *out) {
+    const bf16_call *a = call_args;
+    const uint16_t *query = a->query + seq * a->heads * a->d, *key_cache = a->key_cache, *value_cache = a->value_cache;
+    const int64_t *slots = a->slots + seq * a->max_len + t0, kv_heads = a->kv_heads, group = a->heads / a->kv_heads;
+    const float scale = a->scale, softcap = a->softcap;
+    if (a->d == 64) {
         switch (group) { CHUNK_CASE(1, 4) CHUNK_CASE(2, 4) CHUNK_CASE(3, 4) CHUNK_CASE(4, 4) CHUNK_CASE(5, 4)
                          CHUNK_CASE(6, 4) CHUNK_CASE(7, 4) CHUNK_CASE(8, 4) }
     } else {
         switch (group) { CHUNK_CASE(1, 8) CHUNK_CASE(2, 8) CHUNK_CASE(3, 8) CHUNK_CASE(4, 8) CHUNK_CASE(5, 8)
                          CHUNK_CASE(6, 8) CHUNK_CASE(7, 8) CHUNK_CASE(8, 8) }
     }
-}
-
-/* out (bf16) of one query head from a sequence's `chunks` partials (stride heads * (d + 2) floats). */
-static void merge(const float *partial, int64_t chunks, int64_t heads, int64_t d, uint16_t *out) {
-    const int64_t stride = heads * (d + 2);
-    float max = partial[0];
-    for (int64_t c = 1; c < chunks; c++) max = partial[c * stride] > max ? partial[c * stride] : max;
-    float acc[128] = {0}, sum = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) {
-        const float *part = partial + c * stride;
-        const float w = expf(part[0] - max);
-        sum += w * part[1];
-        for (int64_t j = 0; j < d; j++) acc[j] += w * part[2 + j];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < d; j++) out[j] = float_to_bf16(acc[j] * inv);
 }
 #endif
 
@@ -261,48 +212,9 @@ int tgictl_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cach
                                  int threads) {
 #if defined(__AVX512BF16__)
     if ((d != 64 && d != 128) || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -2;
-    int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1)); /* each sequence's first task */
-    if (first == NULL) return -1;
-    first[0] = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t keys = chunk_keys(context_lens[i]);
-        first[i + 1] = first[i] + (context_lens[i] + keys - 1) / keys;
-    }
-    const int64_t tasks = first[n], part_floats = heads * (d + 2);
-    float *partial = malloc(sizeof(float) * (size_t)(tasks * part_floats + 1));
-    if (partial == NULL) {
-        free(first);
-        return -1;
-    }
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *scratch = malloc(sizeof(float) * (size_t)chunk_scratch_floats(heads, d));
-        failed |= scratch == NULL; /* every thread still meets both loops */
-        int64_t i = 0;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            while (first[i + 1] <= task) i++; /* a thread's tasks come in increasing order */
-            if (scratch == NULL) continue;
-            const int64_t keys = chunk_keys(context_lens[i]), t0 = (task - first[i]) * keys;
-            const int64_t t1 = t0 + keys < context_lens[i] ? t0 + keys : context_lens[i];
-            chunk_task(query + i * heads * d, key_cache, value_cache, slots + i * max_len + t0, t1 - t0, kv_heads,
-                       heads / kv_heads, d, scale, softcap, scratch, partial + task * part_floats);
-        }
-#pragma omp for schedule(static)
-        for (int64_t x = 0; x < n * heads; x++) {
-            const int64_t seq = x / heads;
-            if (first[seq + 1] > first[seq])
-                merge(partial + first[seq] * part_floats + x % heads * (d + 2), first[seq + 1] - first[seq], heads, d,
-                      out + x * d);
-            else
-                memset(out + x * d, 0, sizeof(uint16_t) * (size_t)d); /* no context: nothing to attend to */
-        }
-        free(scratch);
-    }
-    free(partial);
-    free(first);
-    return failed ? -1 : 0;
+    const bf16_call call = {query, key_cache, value_cache, slots, max_len, heads, kv_heads, d, scale, softcap};
+    return decode_in_chunks(context_lens, n, heads, d, chunk_scratch_floats(heads, d), chunk_task, &call, out, 1,
+                            threads);
 #else
     (void)query, (void)key_cache, (void)value_cache, (void)slots, (void)context_lens, (void)n, (void)max_len;
     (void)heads, (void)kv_heads, (void)d, (void)scale, (void)softcap, (void)out, (void)threads;

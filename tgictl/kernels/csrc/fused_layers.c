@@ -10,7 +10,7 @@
  *   silu_mul:      out = T(T(silu(gate)) * up) from the fused gate|up projection's rows
  *   rotary_store:  q and k rotated ("rotate half": transformers' apply_rotary_pos_emb, each product
  *                  rounded to T as torch's bf16 ops round them), q written out, k and v stored in
- *                  the paged caches at their slots
+ *                  the paged caches at their slots (as T, or int8 rows with their scales)
  *
  * T is float32, or bfloat16 held as uint16 (ROUND rounds a float32 to the nearest bf16 value and
  * back, which is what a bf16 torch op does to each result). Sums of squares run in a different order
@@ -25,6 +25,7 @@
 
 #include "bf16.h"
 #include "exp.h"
+#include "kv_int8.h"
 
 /* Below this many elements a kernel runs on the calling thread: a parallel region costs more. */
 #define PARALLEL_MIN_ELEMENTS 65536
@@ -210,6 +211,41 @@ DEFINE_ROTATE(rotate_bf16, uint16_t, bf16_to_float, float_to_bf16, round_bf16)
 
 DEFINE_ROTARY_STORE(tgictl_rotary_store_f32, float, rotate_f32)
 DEFINE_ROTARY_STORE(tgictl_rotary_store_bf16, uint16_t, rotate_bf16)
+
+/* The same into an int8 cache (--kv-cache-dtype int8): each k row (rotated and rounded to T, as above) and each v
+ * row quantized as written with its own scale (kv_int8.h's rule, the torch store's bytes). key_scales,
+ * value_scales: [num_slots, kv_heads] bf16. Returns 0, -1 (nothing written) when a slot lies outside the cache,
+ * -2 when the head size is over MAX_Q8_HEAD (the caller takes the torch ops). */
+#define MAX_Q8_HEAD 512
+#define DEFINE_ROTARY_STORE_Q8(NAME, T, LOAD, ROTATE)                                                    \
+    int NAME(const T *qkv, const T *cos, const T *sin, const int64_t *slots, T *q_out, int8_t *key_cache, \
+             uint16_t *key_scales, int8_t *value_cache, uint16_t *value_scales, int64_t tokens, int64_t heads, \
+             int64_t kv_heads, int64_t d, int64_t num_slots, int threads) {                              \
+        if (d > MAX_Q8_HEAD) return -2;                                                                  \
+        for (int64_t t = 0; t < tokens; t++)                                                             \
+            if (slots[t] < 0 || slots[t] >= num_slots) return -1;                                        \
+        const int64_t half = d / 2, width = (heads + 2 * kv_heads) * d;                                  \
+        _Pragma("omp parallel for num_threads(threads) if (tokens * width >= PARALLEL_MIN_ELEMENTS)")    \
+        for (int64_t t = 0; t < tokens; t++) {                                                           \
+            const T *row = qkv + t * width, *c = cos + t * half, *s = sin + t * half;                    \
+            for (int64_t h = 0; h < heads; h++) ROTATE(row + h * d, c, s, q_out + (t * heads + h) * d, half); \
+            T rotated[MAX_Q8_HEAD];                                                                      \
+            float x[MAX_Q8_HEAD];                                                                        \
+            const int64_t at = slots[t] * kv_heads;                                                      \
+            for (int64_t h = 0; h < kv_heads; h++) {                                                     \
+                ROTATE(row + (heads + h) * d, c, s, rotated, half);                                      \
+                for (int64_t j = 0; j < d; j++) x[j] = LOAD(rotated[j]);                                 \
+                quantize_row_int8(x, d, key_cache + (at + h) * d, key_scales + at + h);                  \
+                const T *vr = row + (heads + kv_heads + h) * d;                                          \
+                for (int64_t j = 0; j < d; j++) x[j] = LOAD(vr[j]);                                      \
+                quantize_row_int8(x, d, value_cache + (at + h) * d, value_scales + at + h);              \
+            }                                                                                            \
+        }                                                                                                \
+        return 0;                                                                                        \
+    }
+
+DEFINE_ROTARY_STORE_Q8(tgictl_rotary_store_q8_f32, float, load_f32, rotate_f32)
+DEFINE_ROTARY_STORE_Q8(tgictl_rotary_store_q8_bf16, uint16_t, bf16_to_float, rotate_bf16)
 
 /* Greedy choice and its log-probability for logits [rows, vocab] (float32, or bf16 as the LM head wrote them:
  * widening is exact, so the bf16 version skips a [rows, vocab] float32 copy and gives the same results):

@@ -25,6 +25,7 @@ from tgictl.config import (
     shard_service_name,
 )
 from tgictl.env import API_KEY_VAR
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE
 from tgictl.log import child_environ
 from tgictl.runtime.launcher.child import ChildSpec
 
@@ -146,6 +147,8 @@ def shard_argv(config: LaunchConfig, model_dir: Path, uds_base: Path) -> list[st
         argv += ["--dtype", config.dtype]
     if config.kv_cache_memory is not None:
         argv += ["--kv-cache-memory", str(config.kv_cache_memory)]
+    if config.kv_cache_dtype != DEFAULT_KV_CACHE_DTYPE:
+        argv += ["--kv-cache-dtype", config.kv_cache_dtype]
     argv += speculation_argv(config.speculation)
     if config.lora_adapters:  # resolved by the launcher: every shard reads the same directories
         argv += ["--lora-adapters", ",".join(spec.flag() for spec in config.lora_adapters)]

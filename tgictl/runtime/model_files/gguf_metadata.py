@@ -66,13 +66,39 @@ def write_model_config(gguf_path: Path, directory: Path) -> Any:
     return config
 
 
-def write_tokenizer(gguf_path: Path, directory: Path, *, max_length: int | None) -> None:
+def write_tokenizer(gguf_path: Path, directory: Path, *, max_length: int | None, vocab_size: int | None = None) -> None:
     """tokenizer.json and tokenizer_config.json (chat template inside) from the GGUF's tokenizer."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tokenizer.save_pretrained(directory)
+    if vocab_size is not None:
+        drop_tokens_past_the_vocabulary(directory, vocab_size)
     fix_tokenizer_config(directory, tokenizer, max_length=max_length)
+
+
+def drop_tokens_past_the_vocabulary(directory: Path, vocab_size: int) -> None:
+    """Removes the added tokens whose ids the model has no row for. transformers' GGUF reader gives a byte-level
+    BPE vocabulary without an unknown token a default `<|endoftext|>` after the last id (a Llama 3 GGUF: id 128256
+    of a 128,256-token vocabulary); no weight can produce it, and grammar compilers refuse a tokenizer larger
+    than the model's vocabulary."""
+    tokenizer_path, config_path = directory / "tokenizer.json", directory / "tokenizer_config.json"
+    data = json.loads(tokenizer_path.read_text())
+    dropped = {t["content"] for t in data.get("added_tokens", []) if t["id"] >= vocab_size}
+    if not dropped:
+        return
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < vocab_size]
+    if data.get("model", {}).get("unk_token") in dropped:
+        data["model"]["unk_token"] = None
+    tokenizer_path.write_text(json.dumps(data, ensure_ascii=False))
+    if config_path.exists():
+        config = json.loads(config_path.read_text())
+        decoder = config.get("added_tokens_decoder", {})
+        config["added_tokens_decoder"] = {k: v for k, v in decoder.items() if int(k) < vocab_size}
+        for key in ("unk_token", "pad_token", "eos_token", "bos_token"):
+            if config.get(key) in dropped:
+                config[key] = None
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def fix_model_config(path: Path, gguf_path: Path) -> None:

@@ -81,7 +81,8 @@ def gguf_model_dir(gguf_path: Path, cache_dir: Path) -> Path:
     try:
         with staging_dir(target, force=True) as staging:
             config = write_model_config(source, staging)
-            write_tokenizer(source, staging, max_length=getattr(config, "max_position_embeddings", None))
+            write_tokenizer(source, staging, max_length=getattr(config, "max_position_embeddings", None),
+                            vocab_size=getattr(config, "vocab_size", None))
             (staging / GGUF_LINK).symlink_to(source)
     except OSError:
         # Another process wrote the same directory first and its rename won; use its result.

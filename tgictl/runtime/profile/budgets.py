@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from tgictl.errors import ConfigError
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype, kv_bytes_per_head
+from tgictl.kv_cache_dtype import describe as describe_kv_cache_dtype
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
 from tgictl.runtime.profile.family_shape import windowed_kv
@@ -54,10 +56,12 @@ class BudgetSettings:
     kv_cache_memory_bytes: int | None = None
     cuda_memory_fraction: float = 1.0
     quantize: QuantizeSpec | None = None  # --quantize: the projections' and vocabulary's bytes follow
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # --kv-cache-dtype: bytes per cached token follow
 
     def __post_init__(self) -> None:
         if self.num_shard < 1:
             raise ConfigError(f"--num-shard must be >= 1, got {self.num_shard}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.block_size < 1:
             raise ConfigError(f"--block-size must be >= 1, got {self.block_size}")
         if self.dtype is not None and self.dtype not in DTYPE_BYTES:
@@ -268,7 +272,8 @@ def compute_budgets(
     dtype_bytes = DTYPE_BYTES[dtype]
     weights, weights_source = weight_bytes_per_shard(shape, n, dtype_bytes, settings.quantize, gguf_tensor_bytes)
     flops = model_flops_per_token(shape)
-    kv_token = 2 * shape.num_layers * kv_heads * shape.head_dim * dtype_bytes  # K and V, every layer
+    # K and V, every layer, in the cache's format (int8: head_dim bytes and a bf16 scale per token and head)
+    kv_token = 2 * shape.num_layers * kv_heads * kv_bytes_per_head(settings.kv_cache_dtype, shape.head_dim, dtype_bytes)
     kv_block = settings.block_size * kv_token
     activations = activation_bytes_per_token(shape, n, dtype_bytes)
     device_flops, device_flops_source = _device_flops(hardware, n, dtype)
@@ -318,7 +323,9 @@ def compute_budgets(
             + "+".join(str(split.kv_count) for split in attention_split(shape, n)),
         ),
         kv_heads_per_shard=Figure(kv_heads, "the most any shard holds (KV heads split by groups, or replicated)"),
-        kv_bytes_per_token_per_shard=Figure(kv_token, "2 (K,V) × layers × kv_heads_per_shard × head_dim × dtype"),
+        kv_bytes_per_token_per_shard=Figure(
+            kv_token, f"2 (K,V) × layers × kv_heads_per_shard × bytes per head ({settings.kv_cache_dtype}: "
+            f"{describe_kv_cache_dtype(settings.kv_cache_dtype)})"),
         kv_bytes_per_block_per_shard=Figure(kv_block, f"block_size {settings.block_size} × KV bytes per token"),
         windowed_kv_bytes_per_token_per_shard=Figure(*windowed_kv(shape.family.layer_windows, kv_token, max_total)),
         activation_bytes_per_token_per_shard=Figure(activations, "(2·hidden + 3·intermediate/N) × dtype"),

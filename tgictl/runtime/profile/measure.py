@@ -18,6 +18,7 @@ from typing import Any
 
 from tgictl.config import RouterConfig
 from tgictl.errors import ConfigError
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.profile.budgets import Budgets
 from tgictl.runtime.router.scheduling.limits import warmup_request
@@ -37,6 +38,7 @@ class MeasureSettings:
     max_input_tokens: int | None
     max_total_tokens: int | None
     quantize: QuantizeSpec | None = None  # --quantize, as the shard takes it
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # --kv-cache-dtype, as the shard takes it
 
     def __post_init__(self) -> None:
         if self.max_batch_prefill_tokens < 1:
@@ -89,6 +91,7 @@ def measure(settings: MeasureSettings) -> Measurement:
     runtime = ShardRuntime.load(
         settings.model_dir, settings.dtype, settings.device, DistContext.single(), settings.block_size,
         settings.kv_cache_memory_bytes, settings.cuda_memory_fraction, quantize=settings.quantize,
+        kv_cache_dtype=settings.kv_cache_dtype,
     )
     load_seconds = time.perf_counter() - start
     info = runtime.info()

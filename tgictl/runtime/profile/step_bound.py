@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, kv_bytes_per_head
 from tgictl.runtime.profile.model_shape import ModelShape, parameters_per_shard
 
 
@@ -40,14 +41,17 @@ def streamed_weight_parameters(shape: ModelShape) -> int:
 
 
 def decode_step_bound(shape: ModelShape, *, batch: int, context: int, dtype_bytes: int,
-                      bandwidth_bytes_per_s: float, gemm_flops_per_s: float) -> StepBound:
-    """The bound of one decode step of `batch` rows over `context` cached tokens each (weights and
-    KV cache in a `dtype_bytes`-wide type), given the measured bandwidth and GEMM rate."""
+                      bandwidth_bytes_per_s: float, gemm_flops_per_s: float,
+                      kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> StepBound:
+    """The bound of one decode step of `batch` rows over `context` cached tokens each (weights in a
+    `dtype_bytes`-wide type, the KV cache in `kv_cache_dtype`'s format: auto is the weights' type, int8 a byte
+    per value and a scale per token and head), given the measured bandwidth and GEMM rate."""
     if batch < 1 or context < 0 or dtype_bytes < 1 or bandwidth_bytes_per_s <= 0 or gemm_flops_per_s <= 0:
         raise ValueError("batch >= 1, context >= 0, dtype_bytes >= 1 and positive rates are required")
     weights = streamed_weight_parameters(shape)
-    kv_width = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim  # K and V values per token
-    kv_bytes = batch * context * kv_width * dtype_bytes
+    per_head = kv_bytes_per_head(kv_cache_dtype, shape.head_dim, dtype_bytes)  # one token's K (or V) of one head
+    kv_token = shape.num_layers * 2 * shape.num_kv_heads * per_head
+    kv_bytes = batch * context * kv_token
     gemm_flops = 2 * batch * weights
     attention_flops = batch * shape.num_layers * 2 * 2 * shape.num_heads * shape.head_dim * context
     return StepBound(

@@ -19,6 +19,7 @@ from tgictl.config import SpeculationConfig
 from tgictl.errors import ConfigError, InvalidRequestError, UnhealthyError
 from tgictl.kernels import DEFAULT_ATTENTION_BACKEND
 from tgictl.kernels.native import load_native_kernels
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE
 from tgictl.quantization import QuantizeSpec
 from tgictl.proto.messages import (
     Batch,
@@ -114,11 +115,14 @@ class ShardRuntime:
         cuda_memory_fraction: float = 0.9,
         quantize: QuantizeSpec | None = None,
         lora_adapters: Sequence[tuple[str, Path]] = (),
+        kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE,
     ) -> ShardRuntime:
         """Load this rank's slice of the model. kv_cache_memory: bytes (see warmup.py for defaults);
+        kv_cache_dtype: the cache's format (--kv-cache-dtype, docs/kv-cache.md);
         quantize: --quantize for a safetensors model (docs/architecture.md, "Weight formats");
         lora_adapters: (name, PEFT directory) pairs, checked before the model's weights are read."""
-        settings = KVMemorySettings(kv_cache_memory=kv_cache_memory, cuda_memory_fraction=cuda_memory_fraction)
+        settings = KVMemorySettings(kv_cache_memory=kv_cache_memory, cuda_memory_fraction=cuda_memory_fraction,
+                                    kv_cache_dtype=kv_cache_dtype)
         torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
         # A bad adapter fails start-up before the (much larger) model is read.
         adapters = read_adapters(lora_adapters, ModelConfig.from_dir(Path(model_dir)), torch_dtype, torch_device)
@@ -141,7 +145,8 @@ class ShardRuntime:
         )
 
     def make_cache(self, num_blocks: int) -> KVCache:
-        return self.model.allocate_kv_cache(num_blocks, self.block_size)
+        return self.model.allocate_kv_cache(num_blocks, self.block_size,
+                                            kv_cache_dtype=self.kv_settings.kv_cache_dtype)
 
     def info(self) -> Info:
         return Info(
@@ -169,7 +174,8 @@ class ShardRuntime:
                 request,
                 settings=self.kv_settings,
                 make_cache=self.make_cache,
-                bytes_per_block=self.model.kv_bytes_per_block(self.block_size),
+                bytes_per_block=self.model.kv_bytes_per_block(self.block_size,
+                                                              kv_cache_dtype=self.kv_settings.kv_cache_dtype),
                 max_position_embeddings=self.config.max_position_embeddings,
             )
         finally:

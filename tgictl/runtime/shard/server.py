@@ -118,8 +118,7 @@ def _load(config: ShardConfig, hub: HubConfig | None) -> tuple[ShardRuntime, Dis
     with phase(f"rank {config.rank}: loading {model_dir.name} ({dtype} on {device})", logger=log):
         runtime = ShardRuntime.load(
             model_dir, dtype, device, dist, block_size=config.block_size, kv_cache_memory=config.kv_cache_memory,
-            quantize=config.quantize,
-            lora_adapters=adapters,
+            quantize=config.quantize, lora_adapters=adapters, kv_cache_dtype=config.kv_cache_dtype,
         )
     runtime.set_speculation(config.speculation)
     log.info("rank %d/%d loaded %s (%s on %s)", config.rank, config.world_size, model_dir, dtype, device)

@@ -9,7 +9,8 @@ here, at startup, instead of under load. Then the cache gets every block the mem
 - CPU: a cap, `kv_cache_memory` bytes, defaulting to min(25% of available RAM, 4 GiB) so the
   machine stays usable; an explicit cap larger than the available RAM is refused.
 
-bytes per block = block_size x kv_heads_per_rank x head_dim x layers x 2 (K and V) x dtype bytes.
+bytes per block = block_size x kv_heads_per_rank x layers x 2 (K and V) x bytes per head: head_dim x dtype bytes
+(the model's dtype), head_dim + 2 (int8 values and their bf16 scale) or head_dim (fp8) with --kv-cache-dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tgictl.errors import ConfigError, DeviceError
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype
 from tgictl.proto.messages import (
     Batch,
     Request,
@@ -46,8 +48,10 @@ class KVMemorySettings:
 
     kv_cache_memory: int | None = None  # bytes; CPU: the budget (default above); CUDA: an extra cap
     cuda_memory_fraction: float = 0.9  # share of the GPU's total memory this process may fill
+    kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE  # the cache's format (--kv-cache-dtype): bytes per block follow
 
     def __post_init__(self) -> None:
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ConfigError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:

@@ -170,6 +170,20 @@ def test_smollm2_on_cpu() -> None:
     assert budgets.problems == ()
 
 
+@pytest.mark.parametrize(("kv_cache_dtype", "kv_token", "kv_blocks"), [
+    ("auto", 23040, 5825),  # 2 · 30 · 3 · 64 · 2 (bf16)
+    ("int8", 11880, 11297),  # 2 · 30 · 3 · (64 + a 2-byte scale): 1.94x the blocks in the same 2 GiB
+    ("fp8_e4m3fn", 11520, 11650),  # 2 · 30 · 3 · 64, no scale
+])
+def test_the_kv_cache_dtype_sets_the_bytes_per_token_and_the_blocks(kv_cache_dtype: str, kv_token: int,
+                                                                   kv_blocks: int) -> None:
+    settings = BudgetSettings(kv_cache_dtype=kv_cache_dtype)
+    got = values(compute_budgets(model_shape(SMOLLM2), cpu_hardware(native_bf16=True), settings))
+    assert got["kv_bytes_per_token_per_shard"] == kv_token
+    assert got["kv_blocks"] == kv_blocks == 2 * GIB // (16 * kv_token)
+    assert got["max_batch_total_tokens"] == 16 * kv_blocks
+
+
 def test_the_prefill_budget_does_not_follow_the_measured_rate() -> None:
     slow = compute_budgets(model_shape(SMOLLM2), cpu_hardware(bf16=2e10, native_bf16=True), BudgetSettings())
     fast = compute_budgets(model_shape(SMOLLM2), cpu_hardware(bf16=8e11, native_bf16=True), BudgetSettings())
@@ -355,6 +369,7 @@ def test_not_enough_gpus_or_indivisible_heads() -> None:
         ({"max_total_tokens": 0}, "--max-total-tokens"),
         ({"kv_cache_memory_bytes": -1}, "--kv-cache-memory"),
         ({"cuda_memory_fraction": 1.5}, "--cuda-memory-fraction"),
+        ({"kv_cache_dtype": "int4"}, "--kv-cache-dtype"),
         ({"max_input_tokens": 10, "max_total_tokens": 10}, r"must be < --max-total-tokens \(10\)"),
     ],
 )

@@ -30,6 +30,13 @@ def test_smollm2_step_at_batch_32_and_256_cached_tokens() -> None:
     assert bound.limited_by == "memory" and bound.bound_s == bound.memory_s
 
 
+def test_an_int8_cache_reads_a_byte_per_value_and_a_scale_per_token_and_head() -> None:
+    bound = decode_step_bound(SMOLLM2, batch=16, context=8192, dtype_bytes=2, bandwidth_bytes_per_s=28e9,
+                              gemm_flops_per_s=1.0e12, kv_cache_dtype="int8")
+    assert bound.kv_bytes == 16 * 8192 * 30 * 2 * 3 * (64 + 2)
+    assert bound.weight_bytes == 2 * PARAMETERS  # the weights keep their own type
+
+
 def test_a_slow_gemm_makes_the_step_compute_bound() -> None:
     bound = decode_step_bound(SMOLLM2, batch=32, context=256, dtype_bytes=2, bandwidth_bytes_per_s=28e9,
                               gemm_flops_per_s=100e9)

@@ -71,12 +71,13 @@ def make_request(
 
 def make_runner(
     model_dir: Path, num_blocks: int = 256, dtype: torch.dtype = torch.float32, forced_tokens: bool = True,
-    quantize: QuantizeSpec | None = None,
+    quantize: QuantizeSpec | None = None, kv_cache_dtype: str = "auto",
 ) -> ModelRunner:
     dist = DistContext.single()
     model = load_model(Path(model_dir), dtype=dtype, device=CPU, dist=dist, quantize=quantize)
     cache = KVCache.for_model(
-        model.config, world_size=1, num_blocks=num_blocks, block_size=BLOCK_SIZE, dtype=dtype, device=CPU
+        model.config, world_size=1, num_blocks=num_blocks, block_size=BLOCK_SIZE, dtype=dtype, device=CPU,
+        kv_cache_dtype=kv_cache_dtype,
     )
     grammars = GrammarCompiler(Path(model_dir), model.config.vocab_size, tuple(model.config.eos_token_ids))
     return ModelRunner(

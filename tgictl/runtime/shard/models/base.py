@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels import AttentionMetadata
 from tgictl.kernels.lora import StepAdapters
+from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.model_config import ModelConfig
@@ -27,8 +28,10 @@ class CausalLM(nn.Module, ABC):
         self.device = device
         self.dist = dist
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> KVCache:
-        """A zeroed cache shaped for this model and rank (dtype defaults to the model's)."""
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None,
+                          kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> KVCache:
+        """A zeroed cache shaped for this model and rank (dtype defaults to the model's) in the `--kv-cache-dtype`
+        format."""
         return KVCache.for_model(
             self.config,
             rank=self.dist.rank,
@@ -37,15 +40,18 @@ class CausalLM(nn.Module, ABC):
             block_size=block_size,
             dtype=dtype or self.dtype,
             device=self.device,
+            kv_cache_dtype=kv_cache_dtype,
         )
 
-    def kv_bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None) -> int:
+    def kv_bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None,
+                           kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> int:
         return KVCache.bytes_per_block(
             self.config.num_layers,
             block_size,
             self.config.head_split(self.dist.rank, self.dist.world_size).kv_count,
             self.config.head_dim,
             dtype or self.dtype,
+            kv_cache_dtype,
         )
 
     def forward(

@@ -1,0 +1,196 @@
+"""The 1B-class comparison in one run, the same load for every server (docs/benchmarks.md regenerates from it).
+
+    flock /work/wt/bench.lock python scripts/bench_1b.py \\
+        [--model ~/.cache/tgictl/bench-models/llama-3.2-1b] [--servers tgictl,tgictl-gguf,vllm,llama-server]
+        [--clients 1,16] [--input-len 64] [--output-len 16] [--vllm-python /work/vllm-venv/bin/python]
+        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--markdown-out table.md]
+
+`--model` is a directory written by scripts/make_bench_models.py: `hf/` (random weights of the real model's
+shape, bf16) and one 4-bit GGUF made from it by llama.cpp's converter and quantizer. The servers, one at a time,
+each given both cores:
+- tgictl: `tgictl launch` on hf/ in bf16 (plus --tgictl-args, e.g. `--kv-cache-dtype int8`);
+- tgictl-gguf: `tgictl launch --model-id FILE.gguf`, the 4-bit blocks served natively;
+- tgictl-kv8: tgictl with `--kv-cache-dtype int8` (docs/kv-cache.md);
+- vllm: vLLM CPU's OpenAI server on hf/ in bf16, VLLM_CPU_OMP_THREADS_BIND=0-(threads-1): both cores compute;
+- llama-server: llama.cpp's server on the GGUF, one slot per client;
+and llama-bench's own decode loop on the GGUF (no HTTP): `-p input-len -n output-len`, its tokens/s.
+
+For each server and each client count N: N * requests-per-client random prompts of exactly --input-len tokens
+(fresh per load, so no prompt cache hits) on /v1/completions, streamed, greedy, `ignore_eos`, --output-len tokens
+each. Figures: generated tokens/s over the load, TTFT p50, ITL p50 (the median over requests of
+(end - first token) / (tokens - 1): servers that stream several tokens per event have no per-token gaps), and the
+server's resident memory (every process in its process group, /proc VmRSS) after the load. One run: a shared
+machine moves absolute figures by tens of percent; the ratios beside them are measured minutes apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench_common import free_port, managed_server, repo_env, timed_load
+
+from tgictl.runtime.bench.client import ApiSettings
+from tgictl.runtime.bench.load_test import load_tokenizer
+from tgictl.runtime.bench.stats import percentile
+from tgictl.runtime.bench.workloads import PromptMaker, random_workload
+
+DEFAULT_MODEL = Path.home() / ".cache/tgictl/bench-models/llama-3.2-1b"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--servers", default="tgictl,tgictl-gguf,vllm,llama-server")
+    parser.add_argument("--clients", default="1,16")
+    parser.add_argument("--requests-per-client", type=int, default=1)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
+    parser.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache/llamacpp/bin")
+    parser.add_argument("--tgictl-args", default="", help="extra `tgictl launch` arguments for the tgictl rows")
+    parser.add_argument("--no-llama-bench", action="store_true")
+    parser.add_argument("--markdown-out", type=Path, default=None)
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    args.client_counts = [int(c) for c in args.clients.split(",")]
+    if min(args.client_counts) < 1 or min(args.requests_per_client, args.input_len, args.output_len) < 1:
+        parser.error("--clients, --requests-per-client, --input-len and --output-len must be >= 1")
+    ggufs = sorted(args.model.glob("*.gguf"))
+    if not (args.model / "hf").is_dir() or not ggufs:
+        parser.error(f"--model {args.model}: expected hf/ and a .gguf (scripts/make_bench_models.py writes them)")
+    args.gguf = ggufs[0]
+    return args
+
+
+def command(name: str, args: argparse.Namespace, port: int) -> tuple[list[str], dict[str, str], str]:
+    """(argv, environment, the `model` field requests name) of server `name`."""
+    hf = args.model / "hf"
+    context = (args.input_len + args.output_len + 16) * max(args.client_counts)
+    if name in ("tgictl", "tgictl-gguf", "tgictl-kv8"):
+        model = args.gguf if name == "tgictl-gguf" else hf
+        kv = ["--kv-cache-dtype", "int8"] if name == "tgictl-kv8" else []
+        return ([sys.executable, "-m", "tgictl", "launch", "--model-id", str(model), "--port", str(port),
+                 "--dtype", "bfloat16", *kv, *args.tgictl_args.split()], repo_env(args.threads), "tgictl")
+    if name == "vllm":
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
+        return ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf), "--port",
+                 str(port), "--host", "127.0.0.1", "--dtype", "bfloat16", "--max-model-len",
+                 str(args.input_len + args.output_len), "--served-model-name", "bench"], env, "bench")
+    if name == "llama-server":
+        return ([str(args.llama_bin / "llama-server"), "-m", str(args.gguf), "--host", "127.0.0.1", "--port",
+                 str(port), "-np", str(max(args.client_counts)), "-c", str(context), "-t", str(args.threads),
+                 "--no-webui"], dict(os.environ), "bench")
+    raise SystemExit(f"unknown server {name!r}")
+
+
+def tree_rss_bytes(root: int) -> int:
+    """VmRSS of `root` and every process below it (the server and its children: shards, workers)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # /proc/PID/stat: "pid (name) state ppid ..."; the name may hold spaces
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grown = {root}, True
+    while grown:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grown = bool(below)
+    total = 0
+    for pid in tree:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str, dict[str, float]]:
+    port = free_port()
+    argv, env, model_field = command(name, args, port)
+    url = f"http://127.0.0.1:{port}"
+    settings = ApiSettings("openai-completions", model_field, ignore_eos=True)
+    figures: dict[str, dict[str, float]] = {}
+    with managed_server(name, argv, url + "/health", env=env) as process:
+        timed_load(url, settings, random_workload(maker, 2, (16, 16), (4, 4), 10_000), 2)  # warm-up, short
+        for clients in args.client_counts:
+            count = clients * args.requests_per_client
+            prompts = random_workload(maker, count, (args.input_len,) * 2, (args.output_len,) * 2, clients)
+            records, seconds = timed_load(url, settings, prompts, clients)
+            tokens = sum(r.output_tokens for r in records)
+            tpots = [r.tpot_s for r in records if r.tpot_s is not None]
+            figures[str(clients)] = {
+                "tok_s": tokens / seconds, "ttft_p50_s": percentile([r.ttft_s for r in records if r.ttft_s], 50),
+                "itl_p50_s": statistics.median(tpots) if tpots else float("nan"),
+                "rss_bytes": tree_rss_bytes(process.pid),
+                "tokens": tokens, "asked": count * args.output_len}
+            print(f"{name} {clients} clients: {json.dumps(figures[str(clients)])}", flush=True)
+    return figures
+
+
+def llama_bench(args: argparse.Namespace) -> dict[str, float]:
+    """llama-bench's prompt and decode rates on the GGUF, no HTTP."""
+    out = subprocess.run([str(args.llama_bin / "llama-bench"), "-m", str(args.gguf), "-p", str(args.input_len), "-n",
+                          str(args.output_len), "-t", str(args.threads), "-r", "2", "-o", "json"],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    rates = {("prefill" if row["n_prompt"] else "decode"): row["avg_ts"] for row in json.loads(out)}
+    print(f"llama-bench: {rates}", flush=True)
+    return rates
+
+
+def markdown(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]],
+             raw: dict[str, float] | None) -> str:
+    peers = {"tgictl": "vllm", "tgictl-kv8": "tgictl", "tgictl-gguf": "llama-server"}
+    lines = [f"Model: `{args.model.name}` (hf/ bf16; GGUF `{args.gguf.name}`), prompts of {args.input_len} tokens, "
+             f"{args.output_len} generated (ignore_eos), {args.requests_per_client} request(s) per client, "
+             f"{args.threads} threads; tgictl extra args: `{args.tgictl_args or '-'}`.", "",
+             "| server | clients | tok/s | vs peer | TTFT p50 s | ITL p50 ms | RSS GiB |",
+             "|---|---|---|---|---|---|---|"]
+    for name, per_clients in results.items():
+        for clients, f in per_clients.items():
+            peer = peers.get(name)
+            ratio = (f"{f['tok_s'] / results[peer][clients]['tok_s']:.2f}x {peer}"
+                     if peer in results and clients in results[peer] else "")
+            lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {ratio} | {f['ttft_p50_s']:.2f} | "
+                         f"{f['itl_p50_s'] * 1e3:.0f} | {f['rss_bytes'] / 2**30:.2f} |")
+    if raw:
+        rates = f"{raw['decode']:.2f} decode, {raw['prefill']:.1f} prefill"
+        lines.append(f"| llama-bench (no HTTP) | 1 | {rates} | | | | |")
+        if "tgictl-gguf" in results and "1" in results["tgictl-gguf"]:
+            lines += ["", f"tgictl-gguf at 1 client through HTTP: "
+                          f"{results['tgictl-gguf']['1']['tok_s'] / raw['decode']:.2f}x llama-bench's raw decode."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    failed: dict[str, str] = {}
+    maker = PromptMaker(load_tokenizer(str(args.model / "hf")))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name in args.servers.split(","):
+        try:
+            results[name] = measure(name, args, maker)
+        except SystemExit as failure:  # one server that does not start or fails a request: the rest still run
+            print(f"{name}: no figures ({failure})", flush=True)
+            failed[name] = str(failure)
+    raw = None if args.no_llama_bench else llama_bench(args)
+    table = markdown(args, results, raw) + "".join(f"\n{name}: no figures ({why})\n" for name, why in failed.items())
+    print(table)
+    if args.markdown_out is not None:
+        args.markdown_out.write_text(table)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps({"results": results, "llama_bench": raw}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
