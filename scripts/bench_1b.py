@@ -1,8 +1,8 @@
 """The 1B-class comparison in one run, the same load for every server (docs/benchmarks.md regenerates from it).
 
-    flock /work/wt/bench.lock python scripts/bench_1b.py \\
+    python scripts/bench_1b.py \\
         [--model ~/.cache/tgictl/bench-models/llama-3.2-1b] [--servers tgictl,tgictl-gguf,vllm,llama-server]
-        [--clients 1,16] [--input-len 64] [--output-len 16] [--vllm-python /work/vllm-venv/bin/python]
+        [--clients 1,16] [--input-len 64] [--output-len 16] [--vllm-python PATH]
         [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--markdown-out table.md]
 
 `--model` is a directory written by scripts/make_bench_models.py: `hf/` (random weights of the real model's
