@@ -101,3 +101,13 @@ def tgictl_commands(block: Block) -> list[list[str]]:
             if words and words[0] == "tgictl":
                 found.append(words)
     return found
+
+
+def activated_env() -> dict[str, str]:
+    """The environment of a shell with this interpreter's venv activated, as the docs assume (`python`,
+    `tgictl` on PATH) even when pytest was started as `.venv/bin/python -m pytest`."""
+    import os
+    import sys
+
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}

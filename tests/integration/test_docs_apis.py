@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_examples import activated_env
 from tests.integration.http_stack import REPO_ROOT, Stack, http_stack
 from tests.lora_adapters import write_random_adapter
 
@@ -60,6 +61,6 @@ def test_example_runs_as_written(index: int, servers: dict[bool, Stack], adapter
     stack = servers[reasoning]
     code = code.replace("localhost:8080", stack.url.removeprefix("http://")).replace(ADAPTER_PATH, str(adapter))
     command = ["bash", "-euo", "pipefail", "-c", code] if kind == "bash" else [sys.executable, "-c", code]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False, env=activated_env())
     assert done.returncode == 0, f"example {index} ({kind}) failed:\n{code}\n--- stderr ---\n{done.stderr[-3000:]}"
     assert done.stdout.strip(), f"example {index} printed nothing"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_examples import PAGES, REPO_ROOT, Block, blocks
+from tests.docs_examples import PAGES, REPO_ROOT, Block, activated_env, blocks
 from tests.integration.http_stack import Stack, http_stack
 
 RUN = "<!-- run -->"
@@ -72,6 +72,6 @@ def runnable(block: Block, address: str) -> str:
 def test_example_runs_as_written(block: Block, server: Stack) -> None:
     code = runnable(block, server.url.removeprefix("http://"))
     command = [sys.executable, "-c", code] if block.language == "python" else ["bash", "-e", "-o", "pipefail", "-c", code]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=activated_env())
     assert result.returncode == 0, f"{block.where}\n{code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     assert result.stdout.strip(), f"{block.where} printed nothing"

@@ -62,7 +62,7 @@ def test_workers_join_and_leave_the_file_while_serving_without_a_failed_request(
     command = [
         sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
         "--discovery-provider", "file", "--discovery-file", str(manifest), "--discovery-check-interval-secs", "1",
-        "--policy", "round_robin", "--model-alias", f"tgi={tiny_model_dir}",
+        "--policy", "round_robin", "--model-alias", f"tgi={tiny_model_dir.name}",  # served under its directory's name
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-json",
     ]  # fmt: skip
     with gateway_log.open("wb") as log:

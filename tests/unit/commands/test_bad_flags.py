@@ -79,6 +79,7 @@ CASES: dict[str, list[str] | str] = {
     "--master-addr": ["--master-addr", " "],
     "--master-port": ["--master-port", "70000"],
     "--gateway-policy": ["--gateway-policy", "fastest"],
+    "--scheduling-policy": ["--scheduling-policy", "lifo"],
     "--local-dir": "any directory; created when the download writes",
     "--output": "written when the command ends; an unwritable path fails then, naming --output",
     "--url": ["--url", "127.0.0.1:8080"],

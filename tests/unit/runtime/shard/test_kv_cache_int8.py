@@ -65,10 +65,8 @@ def test_a_cached_int8_prefix_gives_what_a_full_prefill_gives(model_dir: Path) -
     full_out = Outputs()
     run_to_end(runner, shard_batch(runner, 0, [full]), full_out)
 
-    shared = full.blocks[:2] + pool.take(len(prompt) + 5 - 32)[0]  # two blocks (32 tokens) from the cache
-    slots = tuple(shared[p // 16] * 16 + p % 16 for p in range(len(prompt) + 5))
-    cached = make_request(pool, 1, prompt, max_new_tokens=6, prefill_logprobs=True, cache_len=32,
-                          blocks=(shared, slots))
+    shared = full.blocks[:2] + pool.take(len(prompt) + 5 - 32)  # two blocks (32 tokens) from the cache
+    cached = make_request(pool, 1, prompt, max_new_tokens=6, prefill_logprobs=True, cache_len=32, blocks=shared)
     cached_out = Outputs()
     run_to_end(runner, shard_batch(runner, 1, [cached]), cached_out)
     assert cached_out.ids(1) == full_out.ids(0)
