@@ -4,8 +4,10 @@ line split (quotes respected) into simple commands at `;`, `&&`, `||`, `|`, `&` 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,8 +108,5 @@ def tgictl_commands(block: Block) -> list[list[str]]:
 def activated_env() -> dict[str, str]:
     """The environment of a shell with this interpreter's venv activated, as the docs assume (`python`,
     `tgictl` on PATH) even when pytest was started as `.venv/bin/python -m pytest`."""
-    import os
-    import sys
-
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
