@@ -108,8 +108,9 @@ class Queue:
     ) -> NextBatch | None:
         """Entries for the next Prefill, in queue order, while their blocks fit the allocator (keeping
         `reserve` blocks available) and their prompts the prefill budget (the last one may be cut into a
-        chunk). Each gets blocks for its prompt plus `ahead` tokens (the positions its first steps write:
-        the look-ahead step's, drafts), at most its whole budget."""
+        chunk); under `priority`, only entries of the head's priority. Each gets blocks for its prompt plus
+        `ahead` tokens (the positions its first steps write: the look-ahead step's, drafts), at most its
+        whole budget."""
         if prefill_budget <= 0 or not self._entries:
             return None
         if max_size is not None and max_size <= 0:
@@ -126,6 +127,11 @@ class Queue:
                 continue
             if self._never_fits(entry):
                 continue
+            if taken and self.policy is SchedulingPolicy.PRIORITY and entry.priority != taken[0][0].priority:
+                # One priority per Prefill: lower-priority prompts would lengthen the step that gives the
+                # higher-priority requests their first token; they join at the next step.
+                self._push_head(entry)
+                break
             allocation = self._allocate(entry, ahead, reserve)
             while allocation is None and make_room(entry):
                 allocation = self._allocate(entry, ahead, reserve)

@@ -93,10 +93,13 @@ class Scheduler:
         lengths = {rid: len(entry.allocation.blocks) for rid, entry in self.running.items() if entry.allocation}
         preempted: list[int] = []
         self._release_behind_window()
-        self._secure_running(preempted)
+        victims_priority = self._secure_running(preempted)
         # After a preemption the cache is full: admitting now (the preempted request first) would only
-        # preempt again at the next step (vLLM skips the waiting queue then too).
-        admitted = None if preempted else self._admit(batch, preempted)
+        # preempt again at the next step (vLLM skips the waiting queue then too), unless the head outranks
+        # every request just preempted (`priority`): it would preempt them anyway, so it starts now.
+        admitted = None
+        if not preempted or self._head_outranks(victims_priority):
+            admitted = self._admit(batch, preempted)
         steps = 1 if admitted is not None or len(self.queue) else max(decode_steps, 1)
         self._grant_ahead(steps)
         grants = tuple(
@@ -113,12 +116,25 @@ class Scheduler:
             return None
         return StepPlan(tuple(preempted), admitted, steps, grants)
 
-    def _secure_running(self, preempted: list[int]) -> None:
+    def _head_outranks(self, victims_priority: int | None) -> bool:
+        """Under `priority`: the queue's head has a strictly higher priority (a lower value) than every
+        request this step preempted (`victims_priority`: the lowest value among them)."""
+        head = self.queue.head()
+        if self.queue.policy is not SchedulingPolicy.PRIORITY or head is None or victims_priority is None:
+            return False
+        return head.priority < victims_priority
+
+    def _secure_running(self, preempted: list[int]) -> int | None:
         """Blocks for every running request's next step, from the highest rank down; when the cache has none
-        left, the lowest-ranked running request is preempted (possibly the one that needs them)."""
+        left, the lowest-ranked running request is preempted (possibly the one that needs them). Returns the
+        lowest priority value among those it preempted (None: none)."""
+        best: int | None = None
         for entry in sorted(self.running.values(), key=self.queue.rank):
             while entry.status is RequestStatus.RUNNING and not self._grow(entry, entry.context_len):
-                self._preempt(max(self.running.values(), key=self.queue.rank), preempted)
+                victim = max(self.running.values(), key=self.queue.rank)
+                best = victim.priority if best is None else min(best, victim.priority)
+                self._preempt(victim, preempted)
+        return best
 
     def _release_behind_window(self) -> None:
         """When every layer attends through a sliding window of at least `release_window` positions, a query at

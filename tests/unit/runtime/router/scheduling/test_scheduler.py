@@ -141,6 +141,53 @@ def test_the_priority_policy_preempts_the_lowest_priority_and_admits_by_priority
     allocator.check_integrity()
 
 
+def test_under_priority_a_prefill_takes_one_priority_and_fcfs_takes_every_one_that_fits(texts: TokenTexts) -> None:
+    for policy in SchedulingPolicy:
+        allocator = BlockAllocator(num_blocks=64, block_size=4)
+        sched = scheduler(texts, allocator, policy)
+        low = [entry((1, 2, 3), 5, priority=5 if policy is SchedulingPolicy.PRIORITY else 0) for _ in range(2)]
+        urgent = entry((4, 5, 6), 5)
+        for waiting in (*low, urgent):
+            sched.add(waiting)
+        plan = sched.schedule(None, 1)
+        assert plan is not None and plan.prefill is not None
+        if policy is SchedulingPolicy.FCFS:  # arrival order, all in one Prefill
+            assert list(plan.prefill.entries.values()) == [*low, urgent]
+            continue
+        # The urgent request's first token comes after its prompt alone, not after the others' too.
+        assert list(plan.prefill.entries.values()) == [urgent]
+        plan = sched.schedule(step(sched, plan), 1)
+        assert plan is not None and plan.prefill is not None and list(plan.prefill.entries.values()) == low
+
+
+def test_under_priority_a_higher_priority_request_starts_in_the_step_that_preempts_for_blocks(
+    texts: TokenTexts,
+) -> None:
+    """A step whose running requests need a block preempts; nothing else starts in it (it would preempt
+    again), except a waiting request of a higher priority than every request it preempted."""
+    allocator = BlockAllocator(num_blocks=7, block_size=4)  # 6 usable blocks
+    sched = scheduler(texts, allocator, SchedulingPolicy.PRIORITY)
+    first, second = entry((1, 2, 3), 20, priority=5), entry((4, 5, 6), 20, priority=5)
+    sched.add(first)
+    sched.add(second)
+    batch = step(sched, sched.schedule(None, 1))  # type: ignore[arg-type]
+
+    def needs_a_block() -> bool:
+        return any(e.context_len > len(e.allocation.blocks) * 4 for e in sched.running.values())  # type: ignore[union-attr]
+
+    while allocator.free_blocks or not needs_a_block():  # they grow until the next step must preempt
+        plan = sched.schedule(batch, 1)
+        assert plan is not None and plan.preempted == ()
+        batch = step(sched, plan)
+    urgent = entry((7, 8, 9), 4, priority=0)
+    sched.add(urgent)
+    plan = sched.schedule(batch, 1)
+    assert plan is not None and plan.preempted == (1,) and second.status is RequestStatus.PREEMPTED
+    assert plan.prefill is not None and list(plan.prefill.entries.values()) == [urgent]
+    assert first.status is RequestStatus.RUNNING and sched.queue.entries() == [second]
+    allocator.check_integrity()
+
+
 def test_under_fcfs_a_waiting_request_never_preempts(texts: TokenTexts) -> None:
     allocator = BlockAllocator(num_blocks=4, block_size=4)  # 3 usable blocks
     sched = scheduler(texts, allocator)
