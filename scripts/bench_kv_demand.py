@@ -18,13 +18,16 @@ on the same model, one server at a time, in one run.
   between --warmup and --duration, divided by that window (no start-up ramp, no drained tail: both
   servers are measured at their steady state, every client busy). Time to first token (p50, p99) of every
   request sent; one still waiting for its first token at the end counts with its wait so far (a lower
-  bound, which can only flatter the slower server).
+  bound, which can only flatter the slower server). Also: the mean and largest running batch (polled) and
+  the preemptions the server counted.
 - priority: a KV budget of 4,096 tokens, 12 requests of 900 tokens (850-token prompts, 50 new) at priority
   10, more than the cache holds at once, then one more at priority 0; this checkout runs with
   --scheduling-policy priority (an older one ignores the field). Reports its time to first token against
-  the median of the 12.
+  the median of the 12, and beside it the time to first token of one such request alone on the idle
+  server first (its own prefill: the floor), and the 12 times to first token (the steps it waited behind).
 
     python scripts/bench_kv_demand.py --model-id DIR --checkout OLD_CHECKOUT [--scenario NAME ...] [--json OUT]
+        [--requests 40] [--clients 32 --duration 75 --warmup 15] [--this-only]
 
 DIR: SmolLM2 as `tgictl download HuggingFaceTB/SmolLM2-135M-Instruct` converts it. Timings on a shared
 machine are noisy: compare the ratios of one run.
@@ -109,16 +112,25 @@ async def stream(client: httpx.AsyncClient, start: float, inputs: str, parameter
     return Answer(200, ttft, tokens, "".join(text), time.perf_counter() - start)
 
 
-async def poll_batch_size(url: str, stop: asyncio.Event) -> int:
-    """The largest running batch /metrics reports while the load runs (tgi_batch_current_size)."""
-    peak = 0
+async def poll_batch_size(url: str, stop: asyncio.Event) -> list[int]:
+    """The running batch's size as /metrics reports it (tgi_batch_current_size), every 20 ms while the load runs."""
+    sizes = []
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         while not stop.is_set():
             for line in (await client.get("/metrics")).text.splitlines():
                 if line.startswith("tgi_batch_current_size "):
-                    peak = max(peak, int(float(line.split()[1])))
+                    sizes.append(int(float(line.split()[1])))
             await asyncio.sleep(0.02)
-    return peak
+    return sizes or [0]
+
+
+async def preemptions(url: str) -> int | None:
+    """tgictl_request_preemptions_total (None: a server without preemption)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        for line in (await client.get("/metrics")).text.splitlines():
+            if line.startswith("tgictl_request_preemptions_total "):
+                return int(float(line.split()[1]))
+    return None
 
 
 def client(url: str) -> httpx.AsyncClient:
@@ -135,7 +147,7 @@ async def concurrency(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "max_new_tokens": 900, "stop": ["."], "do_sample": False}) for q in QUESTIONS))
         seconds = time.perf_counter() - start
     stop.set()
-    return {"peak_running": await peak, "answered": sum(a.status == 200 and a.tokens > 0 for a in answers),
+    return {"peak_running": max(await peak), "answered": sum(a.status == 200 and a.tokens > 0 for a in answers),
             "requests": len(answers), "seconds": round(seconds, 2), "texts": [a.text for a in answers],
             "tokens": sum(a.tokens for a in answers)}
 
@@ -161,7 +173,7 @@ async def throughput(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"requests": len(answers), "ok": sum(a.status == 200 for a in answers), "tokens": tokens,
             "wanted_tokens": sum(lengths), "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
             "ttft_p50_s": round(statistics.median(ttfts), 3), "ttft_p99_s": round(percentile(ttfts, 0.99), 3),
-            "peak_running": await peak}
+            "peak_running": max(await peak)}
 
 
 async def chat_stream(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -187,6 +199,7 @@ async def chat_stream(url: str, args: argparse.Namespace) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
     stop.set()
+    sizes = await peak
     end = args.duration
     window = [t for r in requests for t in r.token_s if args.warmup <= t < end]
     ttfts = sorted((r.token_s[0] if r.token_s else end) - r.sent_s for r in requests)
@@ -194,7 +207,8 @@ async def chat_stream(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "answered": sum(bool(r.token_s) for r in requests), "window_tokens": len(window),
             "tokens_per_s": round(len(window) / (end - args.warmup), 1),
             "ttft_p50_s": round(statistics.median(ttfts), 3), "ttft_p99_s": round(percentile(ttfts, 0.99), 3),
-            "peak_running": await peak}
+            "running_mean": round(statistics.mean(sizes), 1), "peak_running": max(sizes),
+            "preemptions": await preemptions(url)}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -213,9 +227,11 @@ def long_prompt(index: int, tokenizer: Tokenizer, tokens: int) -> str:
 
 async def priority(url: str, args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = Tokenizer.from_file(str(Path(args.model_id) / "tokenizer.json"))
-    prompts = [long_prompt(i, tokenizer, 850) for i in range(13)]
+    prompts = [long_prompt(i, tokenizer, 850) for i in range(14)]
     low = {"max_new_tokens": 50, "ignore_eos": True, "do_sample": False, "priority": 10}
     async with client(url) as http:
+        # The floor: such a prompt's prefill on the idle server (a prompt of its own: nothing cached).
+        alone = await stream(http, time.perf_counter(), prompts[13], {**low, "max_new_tokens": 1})
         start = time.perf_counter()
         background = [asyncio.ensure_future(stream(http, start, p, low)) for p in prompts[:12]]
         await asyncio.sleep(args.priority_after)
@@ -224,7 +240,10 @@ async def priority(url: str, args: argparse.Namespace) -> dict[str, Any]:
     median = statistics.median(a.ttft_s for a in answers if a.ttft_s is not None)
     assert urgent.ttft_s is not None
     return {"ok": sum(a.status == 200 for a in answers) + (urgent.status == 200), "low_ttft_median_s": round(median, 3),
-            "priority_ttft_s": round(urgent.ttft_s, 3), "ratio": round(urgent.ttft_s / median, 3)}
+            "priority_ttft_s": round(urgent.ttft_s, 3), "ratio": round(urgent.ttft_s / median, 3),
+            "alone_ttft_s": round(alone.ttft_s or math.nan, 3),
+            # The others were all sent at the start, the urgent one --priority-after later: the steps it waited behind.
+            "low_ttfts_s": sorted(round(a.ttft_s, 2) for a in answers if a.ttft_s is not None)}
 
 
 SCENARIOS = {
@@ -273,11 +292,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=15.0, help="chat: seconds before throughput is counted")
     parser.add_argument("--priority-after", type=float, default=1.0, help="priority: seconds before the urgent one")
     parser.add_argument("--launch-arg", action="append", default=[], help="one more `tgictl launch` argument (both)")
+    parser.add_argument("--this-only", action="store_true", help="this checkout only (to look into it): no ratios")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     results: dict[str, Any] = {}
     for scenario in args.scenario or list(SCENARIOS):
         new = serve_and_measure("new", REPO_ROOT, scenario, args)
+        if args.this_only:
+            results[scenario] = {"new": new}
+            print(json.dumps({scenario: results[scenario]}, indent=2), flush=True)
+            continue
         old = serve_and_measure("old", args.checkout.resolve(), scenario, args)
         results[scenario] = {"new": new, "old": old}
         if scenario == "concurrency":
