@@ -6,6 +6,8 @@ first one that does not fit stops it (no skipping, so no starvation). What diffe
 - the order: by arrival (`fcfs`, TGI's), or by the request's `priority` and then arrival (`priority`,
   vLLM's: lower runs first). A round or resumption keeps its first arrival, so under `fcfs` a preempted
   request or a continuation round goes before every request that never ran (they all arrived later);
+- under `priority`, one Prefill admits requests of one priority only: the step that computes a
+  higher-priority prompt (and gives its first token) is not lengthened by lower-priority prompts;
 - the blocks: an entry is admitted with blocks for its prompt and its next step only (less what the
   radix cache holds), while `reserve` blocks (the watermark) stay free or evictable for the running
   requests to grow into; the rest come as it generates (scheduler.py).

@@ -11,6 +11,9 @@ Preemption: when a running request cannot get the block its next step needs, the
 the lowest rank (`Queue.rank`: the lowest priority, then the latest arrival) gives its blocks back: it
 leaves the shard's batch (FilterBatch), its computed KV is published to the radix cache, and it is
 queued again as the rest of its round, so it resumes with the same tokens, seed and stream (entry.py).
+Under `priority` a waiting request that outranks running ones by priority preempts them for its blocks
+(`_make_room`), and starts even in a step that preempted for the running requests' blocks (where nothing
+else starts: it would only preempt again).
 No livelock: requests are secured from the highest rank down and a request is only ever preempted for
 one of a higher rank, so the highest-ranked running request always progresses (its whole budget fits
 the cache: the queue refuses what cannot), and a resumed request keeps its first arrival, so under fcfs
