@@ -11,6 +11,11 @@ attends through a sliding window, `release` gives back its leading blocks once e
 behind (docs/scheduling.md, "Sliding windows"): the ids stay in `blocks` so that block i still holds
 positions i * block_size .., but the allocation no longer owns them and publishes nothing at `free`.
 
+With two layer groups (global and local layers, tgictl/kv_groups.py) every id is a pair (global block, local
+block) and the pool keeps a free list per group; `release` then gives back only the local halves (the global
+layers still read those positions). Counts (`total_blocks`, `used_blocks`, ...) are of the global group: the
+positions a sequence holds; `local_free_blocks` says what the local group has left.
+
 Allocators are not thread-safe: the batcher owns one and calls it from a single task.
 """
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from tgictl.errors import AllocatorError, AllocatorIntegrityError, ConfigError
+from tgictl.kv_groups import KvGroups
 
 
 @dataclass(frozen=True)
@@ -187,23 +193,86 @@ def check_block_ownership(
 
 class BlockPool:
     """What both allocators share: the checked shape and the free list `1..num_blocks-1` (block 0
-    is reserved). Allocations take the LAST blocks of the list and freed (or evicted) blocks are
-    appended, so the most recently freed blocks are reused first (TGI's order)."""
+    is reserved), one per layer group when `groups` is given (then `num_blocks` global blocks of the router's
+    budget, at most groups.global_blocks, and all of groups.local_blocks). Allocations take the LAST blocks of
+    the list and freed (or evicted) blocks are appended, so the most recently freed blocks are reused first
+    (TGI's order)."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, groups: KvGroups | None = None) -> None:
         check_allocator_shape(num_blocks, block_size)
+        if groups is not None and num_blocks > groups.global_blocks:
+            raise ConfigError(f"{num_blocks} global blocks exceed the {groups.global_blocks} the shards hold")
         self._num_blocks = num_blocks
         self._block_size = block_size
+        self._groups = groups
         self._free: list[int] = list(range(1, num_blocks))
+        self._local_free: list[int] = list(range(1, groups.local_blocks)) if groups is not None else []
+
+    def _available(self) -> int:
+        """Blocks (pairs, with two groups) that `_take` can hand out now."""
+        if self._groups is None:
+            return len(self._free)
+        return min(len(self._free), len(self._local_free))
 
     def _take(self, count: int) -> tuple[int, ...]:
-        """The last `count` blocks of the free list (the caller checked there are that many)."""
-        free = self._free
+        """The last `count` blocks of the free list(s) (the caller checked `_available`)."""
         if not count:  # free[-0:] would be the whole list
             return ()
-        blocks = tuple(free[-count:])
-        del free[-count:]
-        return blocks
+        blocks = self._free[-count:]
+        del self._free[-count:]
+        if self._groups is None:
+            return tuple(blocks)
+        local = self._local_free[-count:]
+        del self._local_free[-count:]
+        return tuple(map(self._groups.pair, blocks, local))
+
+    def _give(self, blocks: Sequence[int]) -> None:
+        """Whole blocks (both halves of pairs) back to the free list(s)."""
+        if self._groups is None:
+            self._free.extend(blocks)
+            return
+        split = self._groups.split
+        for block in blocks:
+            global_block, local_block = split(block)
+            self._free.append(global_block)
+            self._local_free.append(local_block)
+
+    def _give_owned(self, blocks: Sequence[int], owned_from: int, released: int) -> None:
+        """What an allocation owns of `blocks` back to the free lists: blocks[owned_from:] whole, and with two
+        groups the global halves of the released blocks after owned_from too."""
+        start = max(owned_from, released)
+        self._give(blocks[start:])
+        if self._groups is not None:
+            self._free.extend(self._groups.split(block)[0] for block in blocks[owned_from:start])
+
+    def _release_owned(self, blocks: Sequence[int]) -> int:
+        """Released blocks an allocation owned back to the pool; returns how many (global) blocks it no longer
+        owns: all of them with one group, none with two (only the local halves go back)."""
+        if self._groups is None:
+            self._free.extend(blocks)
+            return len(blocks)
+        self._local_free.extend(self._groups.split(block)[1] for block in blocks)
+        return 0
+
+    def _check_owners(self, owners: list[tuple[str, Sequence[int], int]]) -> None:
+        """Every block of every group belongs to exactly one owner. `owners`: (name, its blocks, from which of
+        them it also owns the local halves); the free lists are added here."""
+        groups = self._groups
+        if groups is None:
+            check_block_ownership(self._num_blocks, [("free list", self._free)] + [
+                (name, blocks) for name, blocks, _ in owners
+            ])
+            return
+        check_block_ownership(self._num_blocks, [("free list", self._free)] + [
+            (name, [groups.split(b)[0] for b in blocks]) for name, blocks, _ in owners
+        ])
+        check_block_ownership(groups.local_blocks, [("local free list", self._local_free)] + [
+            (f"{name} (local)", [groups.split(b)[1] for b in blocks[local_from:]]) for name, blocks, local_from in owners
+        ])
+
+    @property
+    def groups(self) -> KvGroups | None:
+        return self._groups
 
     @property
     def block_size(self) -> int:
@@ -217,14 +286,19 @@ class BlockPool:
     def free_blocks(self) -> int:
         return len(self._free)
 
+    @property
+    def local_free_blocks(self) -> int | None:
+        """The local group's free blocks (None with one group)."""
+        return len(self._local_free) if self._groups is not None else None
+
 
 class BlockAllocator(BlockPool):
     """No prefix caching (TGI's SimpleAllocator): the free list alone."""
 
     prefix_caching = False
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, groups: KvGroups | None = None) -> None:
+        super().__init__(num_blocks, block_size, groups)
         self._live: dict[int, tuple[tuple[int, ...], int]] = {}  # allocation id -> (its blocks, released)
         self._used = 0
         self._next_id = 1
@@ -246,7 +320,7 @@ class BlockAllocator(BlockPool):
     ) -> BlockAllocation | None:
         check_allocate_args(tokens, prefill_tokens)
         need = blocks_for(tokens, self._block_size)
-        if need + max(reserve, 0) > len(self._free):
+        if need + max(reserve, 0) > self._available():
             return None
         blocks = self._take(need)
         allocation_id = self._next_id
@@ -260,7 +334,7 @@ class BlockAllocator(BlockPool):
         need = blocks_for(tokens, self._block_size) - len(allocation.blocks)
         if need <= 0:
             return allocation if tokens <= allocation.tokens else replace(allocation, tokens=tokens)
-        if need > len(self._free):
+        if need > self._available():
             return None
         blocks = allocation.blocks + self._take(need)
         self._live[allocation.allocation_id] = (blocks, allocation.released)
@@ -272,8 +346,7 @@ class BlockAllocator(BlockPool):
         check_release(allocation, blocks)
         if blocks <= allocation.released:
             return allocation
-        self._free.extend(allocation.blocks[allocation.released : blocks])
-        self._used -= blocks - allocation.released
+        self._used -= self._release_owned(allocation.blocks[allocation.released : blocks])
         self._live[allocation.allocation_id] = (allocation.blocks, blocks)
         return replace(allocation, released=blocks)
 
@@ -285,20 +358,21 @@ class BlockAllocator(BlockPool):
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
         self._check_live(allocation, "free")
-        blocks = allocation.blocks[allocation.released :]
         check_computed_tokens(allocation, tuple(computed_tokens or ()), None, self._block_size)
         del self._live[allocation.allocation_id]
-        self._used -= len(blocks)
-        self._free.extend(blocks)
+        self._used -= len(allocation.blocks) - (allocation.released if self._groups is None else 0)
+        self._give_owned(allocation.blocks, 0, allocation.released)
 
     def forget(self, namespace: int) -> None:
         """Nothing is cached without prefix caching."""
 
     def check_integrity(self) -> None:
-        owners = [("free list", self._free)]
-        owners += [(f"allocation {aid}", blocks[released:]) for aid, (blocks, released) in self._live.items()]
-        check_block_ownership(self._num_blocks, owners)
-        used = sum(len(blocks) - released for blocks, released in self._live.values())
+        whole = self._groups is None  # with one group released blocks are nobody's; with two, their global halves stay
+        self._check_owners([
+            (f"allocation {aid}", blocks[released:] if whole else blocks, released)
+            for aid, (blocks, released) in self._live.items()
+        ])
+        used = sum(len(blocks) - (released if whole else 0) for blocks, released in self._live.values())
         if used != self._used:
             raise AllocatorIntegrityError(f"used_blocks is {self._used}, allocations hold {used}")
         if self._used + len(self._free) != self.total_blocks:
