@@ -6,11 +6,12 @@ The layers form two groups: the global layers (no window) and the local layers (
 its own pages on the shard: `global_blocks` blocks in every global layer, `local_blocks` in every local layer. A
 sequence's block table holds, for every block_size positions, a PAIR (global block, local block), sent as one id:
 
-    id = local * global_blocks + global        (global = id % global_blocks, local = id // global_blocks)
+    id = local << 32 | global        (global = id & 0xFFFFFFFF, local = id >> 32)
 
 so the wire, the shard's rows, the slots and the block tables stay one list of ids (uint64 on the wire), and the
-shard splits them per group in one place (ModelRunner.forward_hidden). Block 0 of each group is reserved, so id 0
-is the reserved pair. The router gives a local block back once every local layer has left it behind while the
+shard splits them per group in one place (ModelRunner.forward_hidden). The stride is fixed, not a group's size, so
+tensor-parallel ranks whose caches differ in size read the router's ids alike. With one group every id is below
+2**32: its own global block. Block 0 of each group is reserved, so id 0 is the reserved pair. The router gives a local block back once every local layer has left it behind while the
 global block stays: the id stays in the table (block i still maps positions i * block_size ..) and the shard is
 not told, as no local layer reads those positions again.
 
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 from tgictl.errors import ConfigError
 
-UINT64_IDS = 1 << 64  # block ids cross the wire as uint64
+PAIR_SHIFT = 32  # a pair id's local block sits above its global block's 32 bits
+MAX_GROUP_BLOCKS = 1 << PAIR_SHIFT
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -47,20 +49,35 @@ class KvGroups:
     def __post_init__(self) -> None:
         if self.global_blocks < 1 or self.local_blocks < 1 or self.window < 1:
             raise ConfigError(f"KV groups need >= 1 block each and a window >= 1, got {self}")
-        if self.global_blocks * self.local_blocks > UINT64_IDS:
-            raise ConfigError(f"{self} has more block pairs than a uint64 id can name")
+        if max(self.global_blocks, self.local_blocks) > MAX_GROUP_BLOCKS:
+            raise ConfigError(f"{self} has more blocks in a group than a pair id can name (2**32)")
 
-    @property
-    def num_ids(self) -> int:
-        """Valid pair ids are 0 .. num_ids - 1."""
-        return self.global_blocks * self.local_blocks
+    @staticmethod
+    def pair(global_block: int, local_block: int) -> int:
+        return local_block << PAIR_SHIFT | global_block
 
-    def pair(self, global_block: int, local_block: int) -> int:
-        return local_block * self.global_blocks + global_block
-
-    def split(self, block_id: int) -> tuple[int, int]:
+    @staticmethod
+    def split(block_id: int) -> tuple[int, int]:
         """(global block, local block) of a pair id."""
-        return block_id % self.global_blocks, block_id // self.global_blocks
+        return block_id & (MAX_GROUP_BLOCKS - 1), block_id >> PAIR_SHIFT
+
+    def check(self, owner: str, blocks: Sequence[int]) -> str | None:
+        """Why `blocks` are not pair ids of these groups (naming `owner`), or None when they are."""
+        for block in blocks:
+            global_block, local_block = self.split(block)
+            if block < 0 or global_block >= self.global_blocks or local_block >= self.local_blocks:
+                return (f"{owner}: block ids must pair a global block in 0 .. {self.global_blocks - 1} with a "
+                        f"local one in 0 .. {self.local_blocks - 1} (id = local << 32 | global), got {block}")
+        return None
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What splitting a KV budget between the groups needs: one block's bytes in each group, the local window."""
+
+    global_block_bytes: int  # K and V of block_size positions in every global layer
+    local_block_bytes: int  # ... in every local layer
+    window: int
 
 
 def hybrid_window(layer_windows: Sequence[int | None]) -> int | None:
@@ -86,13 +103,13 @@ def local_blocks_for(global_blocks: int, window: int, block_size: int, reference
     return 1 + max(share, blocks_for(reference_len, block_size))
 
 
-def split_blocks(
-    budget: int, global_block_bytes: int, local_block_bytes: int, window: int, block_size: int, reference_len: int
-) -> tuple[int, int]:
+def split_blocks(budget: int, shape: GroupShape, block_size: int, reference_len: int) -> tuple[int, int]:
     """(global_blocks, local_blocks), reserved blocks included, the most global blocks whose pair of groups fits
     `budget` bytes (module docstring); (0, 0) when not even one sequence of `reference_len` fits."""
+    global_block_bytes, window = shape.global_block_bytes, shape.window
+
     def cost(n: int) -> int:
-        return n * global_block_bytes + local_blocks_for(n, window, block_size, reference_len) * local_block_bytes
+        return n * global_block_bytes + local_blocks_for(n, window, block_size, reference_len) * shape.local_block_bytes
 
     low, high = 0, budget // max(global_block_bytes, 1) + 1
     while high - low > 1:  # cost is increasing in n: the largest n with cost(n) <= budget

@@ -161,7 +161,9 @@ class RouterService:
                                               config.kv_events_topic)
             cache_events = KvEventLog(info.block_size, self.kv_events.publish)
             cache_events.cleared()  # a (re)started replica holds nothing: consumers drop what they knew of it
-        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching, cache_events)
+        self.allocator = create_allocator(
+            limits.num_blocks, info.block_size, self.prefix_caching, cache_events, limits.kv_groups
+        )
         self.queue = Queue(self.allocator, block_size=info.block_size, policy=config.scheduling_policy)
         step_client: ShardClient = MeteredClient(client, self.metrics)
         if config.otlp_endpoint is not None:
@@ -177,7 +179,7 @@ class RouterService:
                 decode_steps=config.decode_steps,
                 decode_call_ns=round(config.decode_call_ms * 1e6),
                 speculate=info.speculate,
-                release_window=release_window(info.layer_windows),
+                release_window=release_window(info.layer_windows, limits.kv_groups),
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )
