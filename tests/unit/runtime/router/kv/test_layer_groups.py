@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tgictl.kv_groups import KvGroups, hybrid_window, local_blocks_for, split_blocks
+from tgictl.kv_groups import GroupShape, KvGroups, hybrid_window, local_blocks_for, split_blocks
 from tgictl.runtime.router.kv.block_allocator import BlockAllocation, BlockAllocator, KvAllocator
 from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
 
@@ -99,9 +99,8 @@ def test_the_budget_split_keeps_one_sequence_in_each_group_and_the_window_share(
     assert hybrid_window([None, 8, None, 16]) == 16
     assert hybrid_window([8, 8]) is None and hybrid_window([None, None]) is None
     # 5 local layers : 1 global, equal bytes per layer: a local block costs 5x a global one.
-    global_blocks, local_blocks = split_blocks(
-        budget=600_000, global_block_bytes=100, local_block_bytes=500, window=64, block_size=16, reference_len=1024
-    )
+    shape = GroupShape(global_block_bytes=100, local_block_bytes=500, window=64)
+    global_blocks, local_blocks = split_blocks(budget=600_000, shape=shape, block_size=16, reference_len=1024)
     keep = 64 + 2 * 16
     assert local_blocks == local_blocks_for(global_blocks, 64, 16, 1024)
     assert local_blocks - 1 == -(-(global_blocks - 1) * keep // 1024)  # the window's share of the positions
@@ -109,6 +108,5 @@ def test_the_budget_split_keeps_one_sequence_in_each_group_and_the_window_share(
     assert (global_blocks + 1) * 100 + local_blocks_for(global_blocks + 1, 64, 16, 1024) * 500 > 600_000
     # Keeping everything the same bytes hold 1,000 blocks; the split holds ~3x as many positions.
     assert global_blocks > 3 * 1000
-    tiny = split_blocks(budget=9_000, global_block_bytes=100, local_block_bytes=500, window=64, block_size=16,
-                        reference_len=1024)
+    tiny = split_blocks(budget=9_000, shape=shape, block_size=16, reference_len=1024)
     assert tiny == (0, 0)  # not one sequence of 1,024 positions in the local group
