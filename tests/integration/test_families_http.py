@@ -71,6 +71,8 @@ def test_concurrent_greedy_requests_equal_transformers(served: Served) -> None:
     for text, tokens in zip([*cases, PROMPTS[2]], [*got, again]):
         expected = _transformers_greedy(served.model_dir, text)
         assert tokens == expected[: len(tokens)] and len(tokens) >= 1, text
+    # Local and global layers: the server keeps a KV pool per layer group (docs/scheduling.md, Sliding windows).
+    assert "KV layer groups" in served.launch.log()
 
 
 def test_openai_completion_equals_transformers(served: Served) -> None:

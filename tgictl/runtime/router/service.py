@@ -243,6 +243,13 @@ class RouterService:
             limits.max_input_tokens, limits.max_total_tokens, limits.max_batch_prefill_tokens,
             limits.max_batch_total_tokens, limits.num_blocks, info.block_size,
         )
+        if limits.kv_groups is not None:
+            log.info(
+                "KV layer groups: the global layers keep every position (%d blocks), the sliding-window layers a "
+                "window of %d in their own %d blocks; local blocks behind the window go back to the pool as a "
+                "request decodes (docs/scheduling.md, Sliding windows)",
+                limits.num_blocks, limits.kv_groups.window, limits.kv_groups.local_blocks,
+            )
         grammars = GrammarValidator.for_model(model_dir, info.vocab_size, info.eos_token_ids)
         service = cls(config, model_id, info, limits, tokenizer, client, grammars)
         service._batcher_task = asyncio.create_task(service.batcher.run(), name="batcher")
