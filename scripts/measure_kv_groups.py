@@ -64,7 +64,7 @@ class SampledClient:
         await self.inner.clear_cache(batch_id)
 
 
-async def measure(socket: Path, model_dir: Path, args: argparse.Namespace, release: bool) -> tuple[int, int, list]:
+async def measure(socket: Path, model_dir: Path, args: argparse.Namespace, release: bool) -> tuple:
     inner = await ShardedClient.connect(str(socket))
     try:
         await inner.clear_cache(None)
@@ -93,7 +93,8 @@ async def measure(socket: Path, model_dir: Path, args: argparse.Namespace, relea
         finally:
             task.cancel()
         allocator.check_integrity()
-        return max(client.global_used), max(client.local_used), list(outputs)
+        preemptions = batcher.scheduler.preemptions
+        return max(client.global_used), max(client.local_used), list(outputs), groups, preemptions
     finally:
         await inner.close()
 
@@ -129,8 +130,11 @@ def main() -> None:
     total = args.prompt + args.new_tokens
     print(f"tiny Gemma 3 (6 layers: 5 local with a window of {args.window}, 1 global), blocks of {BLOCK_SIZE}, "
           f"{args.requests} request(s) of {args.prompt} prompt + {args.new_tokens} new tokens ({total} positions)")
-    print(f"  peak live blocks without release: global {kept[0]}, local {kept[1]}")
-    print(f"  peak live blocks with release:    global {released[0]}, local {released[1]}")
+    groups = kept[3]
+    print(f"  the shard's groups (--kv-cache-memory 8 MiB): {groups.global_blocks - 1} global and "
+          f"{groups.local_blocks - 1} local usable blocks")
+    print(f"  peak live blocks without release: global {kept[0]}, local {kept[1]} ({kept[4]} preemptions)")
+    print(f"  peak live blocks with release:    global {released[0]}, local {released[1]} ({released[4]} preemptions)")
     print(f"  same greedy tokens: {kept[2] == released[2]}")
 
 
