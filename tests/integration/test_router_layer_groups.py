@@ -1,5 +1,6 @@
 """Two KV layer groups with a real shard process (tgictl/kv_groups.py; docs/scheduling.md, "Sliding windows"): on
-Gemma 2 (alternating local and global layers) and Gemma 3 (5 local : 1 global), a decoding request gives back the
+Gemma 2 (alternating local and global layers), Gemma 3 (5 local : 1 global), Qwen2 with max_window_layers and SmolLM3
+with use_sliding_window, a decoding request gives back the
 local blocks behind the window while its global ones stay; float32 greedy tokens of prompts and generations several
 windows long equal transformers', alone, with preemption on a tiny cache, with continuation rounds and with the
 prefix cache; every block of both groups comes back."""
@@ -24,6 +25,8 @@ WINDOW = 16  # one block: the narrowest window the release margin allows to show
 FAMILIES = {
     "gemma2": {"num_layers": 4},  # local and global layers alternate
     "gemma3_text": {"num_layers": 6, "sliding_window_pattern": 6},  # 5 local : 1 global
+    "qwen2": {"num_layers": 3},  # the layers from max_window_layers (1) on are local
+    "smollm3": {"num_layers": 4},  # with use_sliding_window, alternate layers windowed
 }
 
 
