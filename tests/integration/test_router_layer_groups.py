@@ -1,9 +1,9 @@
 """Two KV layer groups with a real shard process (tgictl/kv_groups.py; docs/scheduling.md, "Sliding windows"): on
 Gemma 2 (alternating local and global layers), Gemma 3 (5 local : 1 global), Qwen2 with max_window_layers and SmolLM3
-with use_sliding_window, a decoding request gives back the
-local blocks behind the window while its global ones stay; float32 greedy tokens of prompts and generations several
-windows long equal transformers', alone, with preemption on a tiny cache, with continuation rounds and with the
-prefix cache; every block of both groups comes back."""
+with use_sliding_window, a decoding request gives back the local blocks behind the window while its global ones stay;
+float32 greedy tokens (and their logprobs) of prompts and generations several windows long equal transformers',
+alone, with preemption on a tiny cache, with continuation rounds and with the prefix cache; every block of both
+groups comes back."""
 
 from __future__ import annotations
 
