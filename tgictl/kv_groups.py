@@ -9,9 +9,9 @@ sequence's block table holds, for every block_size positions, a PAIR (global blo
     id = local << 32 | global        (global = id & 0xFFFFFFFF, local = id >> 32)
 
 so the wire, the shard's rows, the slots and the block tables stay one list of ids (uint64 on the wire), and the
-shard splits them per group in one place (ModelRunner.forward_hidden). The stride is fixed, not a group's size, so
-tensor-parallel ranks whose caches differ in size read the router's ids alike. With one group every id is below
-2**32: its own global block. Block 0 of each group is reserved, so id 0 is the reserved pair. The router gives a local block back once every local layer has left it behind while the
+shard splits them per group in one place (KVCache.layer_inputs). The stride is fixed, not a group's size, so
+tensor-parallel ranks whose caches differ in size read the router's ids alike. Block 0 of each group is reserved, so
+id 0 is the reserved pair. The router gives a local block back once every local layer has left it behind while the
 global block stays: the id stays in the table (block i still maps positions i * block_size ..) and the shard is
 not told, as no local layer reads those positions again.
 
@@ -35,6 +35,7 @@ MAX_GROUP_BLOCKS = 1 << PAIR_SHIFT
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks of `block_size` positions that hold `tokens` positions."""
     return -(-tokens // block_size)
 
 

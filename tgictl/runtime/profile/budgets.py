@@ -14,9 +14,9 @@ from typing import Any, Mapping
 from tgictl.errors import ConfigError
 from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype, kv_bytes_per_head
 from tgictl.kv_cache_dtype import describe as describe_kv_cache_dtype
+from tgictl.kv_groups import split_blocks
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
-from tgictl.kv_groups import split_blocks
 from tgictl.runtime.profile.family_shape import layer_groups, pooled_kv, windowed_kv
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
 from tgictl.runtime.profile.model_shape import (

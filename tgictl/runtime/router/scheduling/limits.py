@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass
 
 from tgictl.config import RouterConfig
-from tgictl.kv_groups import KvGroups, hybrid_window
 from tgictl.errors import ConfigError
+from tgictl.kv_groups import KvGroups, hybrid_window
 from tgictl.proto.messages import (
     Batch,
     Info,
