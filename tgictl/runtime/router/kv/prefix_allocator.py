@@ -22,12 +22,12 @@ from tgictl.kv_groups import KvGroups
 from tgictl.runtime.router.kv.block_allocator import (
     BlockAllocation,
     BlockAllocator,
-    BlockPool,
     KvAllocator,
     check_allocate_args,
     check_computed_tokens,
     check_release,
 )
+from tgictl.runtime.router.kv.block_pool import BlockPool
 from tgictl.runtime.router.kv.cache_events import CacheEvents
 from tgictl.runtime.router.kv.radix_trie import RadixTrie, TrieNode
 
