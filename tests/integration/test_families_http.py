@@ -1,8 +1,8 @@
 """A family other than Llama over real HTTP: `tgictl launch` (real shard and router processes) on a tiny Gemma 3
 whose local layers' window (5 positions) is shorter than every prompt; concurrent greedy requests through
 huggingface_hub's InferenceClient and the openai client equal transformers' greedy tokens, a repeat of a prompt
-longer than a KV block (a radix-cache hit past the window) included; a config setting no family implements stops
-start-up with one line naming it."""
+longer than a KV block (a radix-cache hit past the window) included, and so do two tensor-parallel shards on the
+two KV layer groups; a config setting no family implements stops start-up with one line naming it."""
 
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def test_concurrent_greedy_requests_equal_transformers(served: Served) -> None:
     for text, tokens in zip([*cases, PROMPTS[2]], [*got, again]):
         expected = _transformers_greedy(served.model_dir, text)
         assert tokens == expected[: len(tokens)] and len(tokens) >= 1, text
+    # Local and global layers: the server keeps a KV pool per layer group (docs/scheduling.md, Sliding windows).
+    assert "KV layer groups" in served.launch.log()
 
 
 def test_openai_completion_equals_transformers(served: Served) -> None:
@@ -95,3 +97,29 @@ def test_a_setting_no_family_implements_stops_start_up_in_one_line(
         assert "Traceback" not in launch.log()
     finally:
         launch.stop()
+
+
+def test_two_shards_on_two_kv_layer_groups_equal_transformers_past_many_windows(
+    served: Served, tmp_path: Path
+) -> None:
+    """Tensor parallel (--num-shard 2) on the same Gemma 3: each rank sizes its own two layer groups, the router
+    takes the smaller of each; 60 greedy tokens (local blocks behind the window of 5 given back as they decode)
+    equal transformers' and the one-shard server's."""
+    launch = start_launch(served.model_dir, tmp_path, num_shard=2)
+    try:
+        with httpx.Client() as client:
+            launch.wait_healthy(client)
+        got = {}
+        for name, url in (("two", launch.url), ("one", served.launch.url)):
+            out = InferenceClient(base_url=url).text_generation(
+                PROMPTS[2], max_new_tokens=60, details=True, stop=[], decoder_input_details=False)
+            got[name] = [t.id for t in out.details.tokens]
+        assert "KV layer groups" in launch.log()
+    finally:
+        launch.stop()
+    ids = AutoTokenizer.from_pretrained(served.model_dir)(PROMPTS[2], return_tensors="pt")["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32, attn_implementation="eager")
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=60,
+                             min_new_tokens=60)
+    assert got["two"] == got["one"] == out[0, ids.shape[1]:].tolist()

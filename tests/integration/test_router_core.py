@@ -25,6 +25,7 @@ from tgictl.proto.messages import (
     StepResult,
     WarmupRequest,
 )
+from tgictl.kv_groups import KvGroups, hybrid_window
 from tgictl.runtime.router.kv.prefix_allocator import RadixAllocator
 from tgictl.runtime.router.request import (
     EndEvent,
@@ -65,6 +66,7 @@ class RecordingClient:
         self.grants = 0  # BlockGrants sent: blocks handed to running requests as they grew
         self.allocator: RadixAllocator | None = None  # when set, its used blocks at every Decode
         self.used_blocks: list[int] = []
+        self.local_used_blocks: list[int] = []  # with two layer groups: the local group's used blocks
 
     async def prefill(
         self, batch: Batch, cached: CachedBatch | None, max_prefill_tokens: int | None = None,
@@ -78,8 +80,11 @@ class RecordingClient:
         self, batches: Sequence[CachedBatch], steps: int = 1, grants: Sequence[BlockGrant] = ()
     ) -> StepResult:
         self.grants += len(grants)
-        if self.allocator is not None:
-            self.used_blocks.append(self.allocator.used_blocks)
+        allocator = self.allocator
+        if allocator is not None:
+            self.used_blocks.append(allocator.used_blocks)
+            if allocator.groups is not None and allocator.local_free_blocks is not None:
+                self.local_used_blocks.append(allocator.groups.local_blocks - 1 - allocator.local_free_blocks)
         return await self.inner.decode(batches, steps, grants)
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> CachedBatch:
@@ -103,13 +108,21 @@ class Stack:
 async def make_stack(
     socket_path: Path, tokenizer_dir: Path, prefill_tokens: int = 512, num_blocks: int = 512, decode_steps: int = 1,
     policy: SchedulingPolicy = SchedulingPolicy.FCFS, release_window: int | None = None,
+    local_blocks: int | None = None,
 ) -> Stack:
-    """`num_blocks`: the router's KV budget (at most what the shard holds), reserved block 0 included."""
+    """`num_blocks`: the router's KV budget (at most what the shard holds), reserved block 0 included; with two
+    layer groups (the shard says so at warmup) `local_blocks` caps the local group's likewise."""
     inner = await ShardedClient.connect(str(socket_path))
     await inner.clear_cache(None)
     warm = await inner.warmup(WarmupRequest(batch=warmup_batch(), max_prefill_tokens=prefill_tokens))
     num_blocks = min(warm.max_supported_total_tokens // BLOCK_SIZE, num_blocks)
-    allocator = RadixAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    groups = None
+    if warm.local_blocks:
+        window = hybrid_window((await inner.info()).layer_windows)
+        assert window is not None
+        groups = KvGroups(warm.max_supported_total_tokens // BLOCK_SIZE,
+                          min(warm.local_blocks, local_blocks or warm.local_blocks), window)
+    allocator = RadixAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE, groups=groups)
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     texts = TokenTexts(tokenizer, frozenset())
     client = RecordingClient(inner)

@@ -340,11 +340,13 @@ class WarmupRequest(_message.Message):
     def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., max_input_tokens: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ...) -> None: ...
 
 class WarmupResponse(_message.Message):
-    __slots__ = ("max_supported_total_tokens", "max_input_tokens", "max_total_tokens")
+    __slots__ = ("max_supported_total_tokens", "max_input_tokens", "max_total_tokens", "local_blocks")
     MAX_SUPPORTED_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     max_supported_total_tokens: int
     max_input_tokens: int
     max_total_tokens: int
-    def __init__(self, max_supported_total_tokens: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ...) -> None: ...
+    local_blocks: int
+    def __init__(self, max_supported_total_tokens: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., local_blocks: _Optional[int] = ...) -> None: ...

@@ -208,6 +208,9 @@ class WarmupResult:
     max_supported_total_tokens: int  # KV tokens the cache holds (num_blocks * block_size)
     max_input_tokens: int
     max_total_tokens: int
+    # A model mixing global and sliding-window layers: the local layer group's blocks (reserved included), and
+    # max_supported_total_tokens is the global group's; 0: one group (tgictl/kv_groups.py).
+    local_blocks: int = 0
 
 
 # Request messages of the RPCs whose arguments are more than one plain value. Health and Info take no

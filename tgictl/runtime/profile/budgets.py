@@ -14,9 +14,10 @@ from typing import Any, Mapping
 from tgictl.errors import ConfigError
 from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype, kv_bytes_per_head
 from tgictl.kv_cache_dtype import describe as describe_kv_cache_dtype
+from tgictl.kv_groups import split_blocks
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.host import default_serving_dtype
-from tgictl.runtime.profile.family_shape import windowed_kv
+from tgictl.runtime.profile.family_shape import layer_groups, pooled_kv, windowed_kv
 from tgictl.runtime.profile.hardware import GIB, Hardware, lookup_card_flops
 from tgictl.runtime.profile.model_shape import (
     ModelShape,
@@ -100,8 +101,10 @@ class Budgets:
     kv_heads_per_shard: Figure  # of the shard holding the most (it sizes every shard's KV cache)
     kv_bytes_per_token_per_shard: Figure
     kv_bytes_per_block_per_shard: Figure
-    # per token at max_total_tokens if blocks every sliding-window layer has left behind were freed (not yet done)
+    # per token at max_total_tokens if every sliding-window layer kept exactly its window
     windowed_kv_bytes_per_token_per_shard: Figure
+    # what the run-time pool holds per token at max_total_tokens (release margin; two layer groups' split)
+    pooled_kv_bytes_per_token_per_shard: Figure
     activation_bytes_per_token_per_shard: Figure
     device_flops: Figure
     max_batch_prefill_tokens: Figure
@@ -283,10 +286,18 @@ def compute_budgets(
     prefill, prefill_source = _prefill_tokens(shape, settings, device_flops, flops, vram_max, memory_name, bool(hardware.gpus))
     kv_memory, kv_memory_source = _kv_memory(hardware, settings, weights, prefill * activations)
     blocks = kv_memory // kv_block
-    batch_total = blocks * settings.block_size
+    blocks_source = "KV memory // bytes per block"
     # One request can use every block but block 0 (reserved for health probes), as the shard's warmup
     # computes its default max_total_tokens.
     request_capacity = max(blocks - 1, 0) * settings.block_size
+    groups = layer_groups(shape.family.layer_windows, kv_token, settings.block_size)
+    if groups is not None and blocks >= 2:  # the shard's warmup split (runtime/shard/warmup.py)
+        longest = min(settings.max_total_tokens or shape.max_position_embeddings or request_capacity, request_capacity)
+        blocks, local_blocks = split_blocks(kv_memory, groups, settings.block_size, longest)
+        request_capacity = (min(blocks, local_blocks) - 1) * settings.block_size
+        blocks_source = (f"the global layers' blocks of two KV layer groups ({local_blocks} blocks of the "
+                         f"sliding-window layers beside them: kv_groups.py split_blocks)")
+    batch_total = blocks * settings.block_size
     max_total, max_total_source = _max_total_tokens(shape, settings, request_capacity, tokenizer_max_length)
     if settings.max_input_tokens is not None:
         max_input, max_input_source = settings.max_input_tokens, "--max-input-tokens"
@@ -328,11 +339,13 @@ def compute_budgets(
             f"{describe_kv_cache_dtype(settings.kv_cache_dtype)})"),
         kv_bytes_per_block_per_shard=Figure(kv_block, f"block_size {settings.block_size} × KV bytes per token"),
         windowed_kv_bytes_per_token_per_shard=Figure(*windowed_kv(shape.family.layer_windows, kv_token, max_total)),
+        pooled_kv_bytes_per_token_per_shard=Figure(*pooled_kv(
+            shape.family.layer_windows, kv_token, kv_memory, settings.block_size, max_total)),
         activation_bytes_per_token_per_shard=Figure(activations, "(2·hidden + 3·intermediate/N) × dtype"),
         device_flops=Figure(device_flops, device_flops_source),
         max_batch_prefill_tokens=Figure(prefill, prefill_source),
         kv_cache_memory_bytes_per_shard=Figure(kv_memory, kv_memory_source),
-        kv_blocks=Figure(blocks, "KV memory // bytes per block"),
+        kv_blocks=Figure(blocks, blocks_source),
         max_batch_total_tokens=Figure(batch_total, "kv_blocks × block_size (TGI warmup; block 0 is for health)"),
         max_total_tokens=Figure(max_total, max_total_source),
         max_input_tokens=Figure(max_input, max_input_source),

@@ -2,9 +2,9 @@
 family rules (runtime/shard/families.py, torch-free): the parameters of its norms and biases, whether the shard
 keeps its norms in float32, and each layer's sliding window.
 
-Windows do not change what the KV cache holds today (the router's allocator keeps every layer's blocks for a
-sequence's whole life); `windowed_kv_bytes_per_token` is what it would hold per token if the blocks every local
-layer has left behind were freed, which the report shows beside it.
+`windowed_kv_bytes_per_token` is what the KV cache would hold per token if every sliding-window layer kept exactly
+its window's positions; `layer_groups` is how the run-time pool splits the KV memory when local and global layers
+mix (tgictl/kv_groups.py), and `pooled_kv` what that pool holds per token, which the report shows beside it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgictl.errors import ConfigError, UnsupportedModelError
+from tgictl.kv_groups import GroupShape, hybrid_window, local_keep, split_blocks
 from tgictl.runtime.shard.families import Dimensions, family_spec
 
 
@@ -65,9 +66,42 @@ def windowed_kv(windows: Sequence[int | None], kv_token: int, max_total: int) ->
         return kv_token, "no sliding windows: every layer keeps every position"
     value = round(windowed_kv_bytes_per_token(windows, max_total, kv_token // len(windows)))
     local = sum(window is not None for window in windows)
-    # The paged cache holds a position for every layer in one block: only when every layer has a window can the
-    # router give blocks back (docs/scheduling.md, "Sliding windows"); a global layer keeps them all.
-    kept = ("the router frees the blocks behind every layer's window as sequences grow" if local == len(windows)
-            else "the KV cache keeps every block while a global layer needs it")
+    # docs/scheduling.md, "Sliding windows": what the run-time pool keeps is pooled_kv (the release margin, and with
+    # global layers too the split of the memory between the two layer groups).
+    kept = ("the router frees whole blocks behind every layer's window as sequences grow" if local == len(windows)
+            else "the run-time pool frees the local layers' blocks behind the window (pooled_kv)")
     return value, (f"at max_total_tokens ({max_total}) if the {local} of {len(windows)} layers with a sliding window "
                    f"kept only its positions; {kept}")
+
+
+def layer_groups(windows: Sequence[int | None], kv_token: int, block_size: int) -> GroupShape | None:
+    """The two groups' block bytes (kv_token: every layer's bytes per token) when local and global layers mix."""
+    window = hybrid_window(windows)
+    if window is None:
+        return None
+    local = sum(w is not None for w in windows)
+    per_layer = kv_token // len(windows) * block_size
+    return GroupShape((len(windows) - local) * per_layer, local * per_layer, window)
+
+
+def pooled_kv(windows: Sequence[int | None], kv_token: int, kv_memory: int, block_size: int,
+              max_total: int) -> tuple[int, str]:
+    """(value, source) of what the run-time KV pool holds per token of a max_total-long sequence: the release
+    margin (a window keeps 2 blocks more) and, with two layer groups, the split of the memory counted in."""
+    if not any(window is not None for window in windows):
+        return kv_token, "no sliding windows: every layer keeps every position"
+    groups = layer_groups(windows, kv_token, block_size)
+    if groups is None:  # every layer windowed: one pool, whole blocks freed behind the narrowest window
+        keep = min(max_total, local_keep(min(w for w in windows if w is not None), block_size))
+        return round(kv_token * keep / max(max_total, 1)), (
+            f"at max_total_tokens ({max_total}): the router frees whole blocks behind every layer's window, less "
+            f"one block of margin and the partial block ({keep} positions kept)")
+    global_blocks, local_blocks = split_blocks(kv_memory, groups, block_size, max_total)
+    if global_blocks < 2:
+        return kv_token, "two KV layer groups, but the KV memory does not hold one max_total_tokens request in both"
+    pool = global_blocks * groups.global_block_bytes + local_blocks * groups.local_block_bytes
+    value = round(pool / ((global_blocks - 1) * block_size))
+    return value, (
+        f"two KV layer groups (kv_groups.py): {global_blocks} blocks of the global layers, {local_blocks} of the "
+        f"sliding-window ones, a local block freed once the window ({groups.window}) and a block of margin lie "
+        f"behind it; the pool's bytes per position it holds, for requests of max_total_tokens ({max_total})")

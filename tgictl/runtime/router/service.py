@@ -161,7 +161,9 @@ class RouterService:
                                               config.kv_events_topic)
             cache_events = KvEventLog(info.block_size, self.kv_events.publish)
             cache_events.cleared()  # a (re)started replica holds nothing: consumers drop what they knew of it
-        self.allocator = create_allocator(limits.num_blocks, info.block_size, self.prefix_caching, cache_events)
+        self.allocator = create_allocator(
+            limits.num_blocks, info.block_size, self.prefix_caching, cache_events, limits.kv_groups
+        )
         self.queue = Queue(self.allocator, block_size=info.block_size, policy=config.scheduling_policy)
         step_client: ShardClient = MeteredClient(client, self.metrics)
         if config.otlp_endpoint is not None:
@@ -177,7 +179,7 @@ class RouterService:
                 decode_steps=config.decode_steps,
                 decode_call_ns=round(config.decode_call_ms * 1e6),
                 speculate=info.speculate,
-                release_window=release_window(info.layer_windows),
+                release_window=release_window(info.layer_windows, limits.kv_groups),
             ),
             on_error=lambda err: self.health.mark_unhealthy(err),
         )
@@ -241,6 +243,13 @@ class RouterService:
             limits.max_input_tokens, limits.max_total_tokens, limits.max_batch_prefill_tokens,
             limits.max_batch_total_tokens, limits.num_blocks, info.block_size,
         )
+        if limits.kv_groups is not None:
+            log.info(
+                "KV layer groups: the global layers keep every position (%d blocks), the sliding-window layers a "
+                "window of %d in their own %d blocks; local blocks behind the window go back to the pool as a "
+                "request decodes (docs/scheduling.md, Sliding windows)",
+                limits.num_blocks, limits.kv_groups.window, limits.kv_groups.local_blocks,
+            )
         grammars = GrammarValidator.for_model(model_dir, info.vocab_size, info.eos_token_ids)
         service = cls(config, model_id, info, limits, tokenizer, client, grammars)
         service._batcher_task = asyncio.create_task(service.batcher.run(), name="batcher")

@@ -121,6 +121,7 @@ class ShardedClient:
             max_supported_total_tokens=min(r.max_supported_total_tokens for r in replies),
             max_input_tokens=min(r.max_input_tokens for r in replies),
             max_total_tokens=min(r.max_total_tokens for r in replies),
+            local_blocks=min(r.local_blocks for r in replies),
         )
 
     async def prefill(

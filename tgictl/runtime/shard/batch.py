@@ -29,6 +29,7 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.lora import StepAdapters, group_tokens
+from tgictl.kv_groups import KvGroups
 from tgictl.proto.messages import Batch, BlockGrant, CachedBatch, Request
 from tgictl.runtime.shard.sampling.grammar import GrammarCompiler, GrammarFailure, Matcher
 from tgictl.runtime.shard.sampling.sampler import (
@@ -123,7 +124,9 @@ class StepInputs:
     adapters: StepAdapters | None = None
 
 
-def _check_request(request: Request, block_size: int, num_blocks: int, vocab_size: int, num_adapters: int) -> None:
+def _check_request(
+    request: Request, block_size: int, num_blocks: int, vocab_size: int, num_adapters: int, groups: KvGroups | None
+) -> None:
     """Reject what would corrupt the cache or index out of range; messages name field and limit."""
     rid, prompt_len = request.id, len(request.input_ids)
     if not 0 <= request.adapter_index <= num_adapters:
@@ -155,16 +158,22 @@ def _check_request(request: Request, block_size: int, num_blocks: int, vocab_siz
         raise InvalidRequestError(
             f"request {rid}: {len(request.blocks)} blocks of {block_size} cannot hold its {prompt_len} prompt tokens"
         )
-    check_block_ids(f"request {rid}", request.blocks, num_blocks)
+    check_block_ids(f"request {rid}", request.blocks, num_blocks, groups)
 
 
-def check_block_ids(owner: str, blocks: Sequence[int], num_blocks: int) -> None:
-    if blocks and (min(blocks) < 0 or max(blocks) >= num_blocks):
+def check_block_ids(owner: str, blocks: Sequence[int], num_blocks: int, groups: KvGroups | None = None) -> None:
+    """Ids within the cache: plain block ids, or (global, local) pairs with two layer groups (kv_groups.py)."""
+    if groups is not None:
+        problem = groups.check(owner, blocks)
+        if problem is not None:
+            raise InvalidRequestError(problem)
+    elif blocks and (min(blocks) < 0 or max(blocks) >= num_blocks):
         raise InvalidRequestError(f"{owner}: block ids must be in 0 .. {num_blocks - 1}")
 
 
 def apply_grants(
-    batches: Sequence[ShardBatch], grants: Sequence[BlockGrant], num_blocks: int, finished: Collection[int] = ()
+    batches: Sequence[ShardBatch], grants: Sequence[BlockGrant], num_blocks: int, finished: Collection[int] = (),
+    groups: KvGroups | None = None,
 ) -> None:
     """Append granted blocks to their rows in `batches`; a grant for a request in `finished` (it ended in a
     step run ahead, which the router has not seen yet) is ignored. All or nothing: every grant is checked
@@ -173,7 +182,7 @@ def apply_grants(
     for grant in grants:
         if grant.request_id not in rows and grant.request_id not in finished:
             raise InvalidRequestError(f"a grant names request {grant.request_id}, which is not in the batch")
-        check_block_ids(f"the grant of request {grant.request_id}", grant.blocks, num_blocks)
+        check_block_ids(f"the grant of request {grant.request_id}", grant.blocks, num_blocks, groups)
     for grant in grants:
         if grant.request_id in rows:
             row, block_size = rows[grant.request_id]
@@ -213,6 +222,7 @@ class ShardBatch:
         device: torch.device,
         grammars: GrammarCompiler | None = None,
         num_adapters: int = 0,
+        groups: KvGroups | None = None,
     ) -> ShardBatch:
         """Validate the router's batch against this shard's cache and build the first step's rows;
         a constrained request gets its matcher from `grammars` (None: grammars are refused);
@@ -223,7 +233,7 @@ class ShardBatch:
             raise InvalidRequestError(f"batch {batch.id}: request ids must be unique")
         rows = []
         for request in batch.requests:
-            _check_request(request, block_size, num_blocks, vocab_size, num_adapters)
+            _check_request(request, block_size, num_blocks, vocab_size, num_adapters, groups)
             rest = len(request.input_ids) - request.cache_len
             matcher, failure = _matcher(request, grammars)
             rows.append(

@@ -144,9 +144,9 @@ class ShardRuntime:
             grammars=grammars, adapters=[name for name, _ in lora_adapters],
         )
 
-    def make_cache(self, num_blocks: int) -> KVCache:
+    def make_cache(self, num_blocks: int, local_blocks: int | None = None) -> KVCache:
         return self.model.allocate_kv_cache(num_blocks, self.block_size,
-                                            kv_cache_dtype=self.kv_settings.kv_cache_dtype)
+                                            kv_cache_dtype=self.kv_settings.kv_cache_dtype, local_blocks=local_blocks)
 
     def info(self) -> Info:
         return Info(
@@ -176,6 +176,7 @@ class ShardRuntime:
                 make_cache=self.make_cache,
                 bytes_per_block=self.model.kv_bytes_per_block(self.block_size,
                                                               kv_cache_dtype=self.kv_settings.kv_cache_dtype),
+                local_group=self.model.local_group_shape(self.block_size, kv_cache_dtype=self.kv_settings.kv_cache_dtype),
                 max_position_embeddings=self.config.max_position_embeddings,
             )
         finally:
@@ -225,6 +226,7 @@ class ShardRuntime:
             batch,
             block_size=self.block_size,
             num_blocks=self.runner.kv_cache.num_blocks,
+            groups=self.runner.kv_cache.groups,
             vocab_size=self.config.vocab_size,
             device=self.device,
             grammars=self.runner.grammars,

@@ -395,7 +395,8 @@ class ShardServicer(TextGenerationServiceServicer):
             return
         batches = [self.store.get(i) for i in batch_ids if i in self.store or not self.ahead.holds(i)]
         ended = frozenset().union(*(self.ahead.ended(i) for i in batch_ids))
-        apply_grants(batches, grants, self.runtime.runner.kv_cache.num_blocks, ended)
+        cache = self.runtime.runner.kv_cache
+        apply_grants(batches, grants, cache.num_blocks, ended, cache.groups)
 
     def _step(self, ids: Sequence[int]) -> StepOutput:
         self._faults.before_step("Decode")

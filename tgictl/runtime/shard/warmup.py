@@ -25,6 +25,7 @@ import torch
 
 from tgictl.errors import ConfigError, DeviceError
 from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE, check_kv_cache_dtype
+from tgictl.kv_groups import GroupShape, split_blocks
 from tgictl.proto.messages import (
     Batch,
     Request,
@@ -142,11 +143,15 @@ def warmup(
     request: WarmupRequest,
     *,
     settings: KVMemorySettings,
-    make_cache: Callable[[int], KVCache],
+    make_cache: Callable[[int, int | None], KVCache],
     bytes_per_block: int,
     max_position_embeddings: int,
+    local_group: GroupShape | None = None,
 ) -> WarmupResult:
-    """Probe, size and re-allocate `runner`'s KV cache; `make_cache(num_blocks)` allocates one.
+    """Probe, size and re-allocate `runner`'s KV cache; `make_cache(num_blocks, local_blocks)` allocates one.
+    With `local_group` (a model mixing global and sliding-window layers) the budget is split between the two
+    layer groups (tgictl/kv_groups.py, split_blocks), for requests as long as max_total_tokens (or the longest the
+    budget holds when every layer keeps every position).
 
     On any failure the runner is left with a one-block cache (block 0: health probes keep working).
     """
@@ -162,32 +167,38 @@ def warmup(
                 f"the KV cache budget of {budget} bytes holds {num_blocks} blocks of {bytes_per_block} bytes; "
                 "at least 2 are needed (block 0 is reserved): raise kv_cache_memory or free memory"
             )
+        local_blocks = None
+        if local_group is not None:
+            longest = min(request.max_total_tokens or max_position_embeddings, (num_blocks - 1) * runner.block_size)
+            num_blocks, local_blocks = split_blocks(budget, local_group, runner.block_size, longest)
         max_input, max_total = default_limits(
-            num_blocks, runner.block_size, max_position_embeddings, request.max_input_tokens, request.max_total_tokens
+            min(num_blocks, local_blocks or num_blocks), runner.block_size, max_position_embeddings,
+            request.max_input_tokens, request.max_total_tokens,
         )
         try:
-            runner.kv_cache = make_cache(num_blocks)
+            runner.kv_cache = make_cache(num_blocks, local_blocks)
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
             if not _out_of_memory(exc):
                 raise
             raise DeviceError(f"cannot allocate a KV cache of {num_blocks} blocks ({budget} bytes): {exc}") from exc
     except BaseException:
         if runner.kv_cache is None:
-            runner.kv_cache = make_cache(1)
+            runner.kv_cache = make_cache(1, None)
         raise
     return WarmupResult(
         max_supported_total_tokens=num_blocks * runner.block_size,
         max_input_tokens=max_input,
         max_total_tokens=max_total,
+        local_blocks=local_blocks or 0,
     )
 
 
-def _probe(runner: ModelRunner, batch: Batch, make_cache: Callable[[int], KVCache]) -> int:
+def _probe(runner: ModelRunner, batch: Batch, make_cache: Callable[[int, int | None], KVCache]) -> int:
     """One full step of the probe batch on a cache of exactly its blocks; returns that block count."""
     probe, probe_blocks = assign_probe_blocks(batch, runner.block_size)
     _release(runner)
     try:
-        runner.kv_cache = make_cache(probe_blocks)
+        runner.kv_cache = make_cache(probe_blocks, None)  # every layer in the same blocks: the ids are plain
         shard_batch = ShardBatch.from_batch(
             probe,
             block_size=runner.block_size,

@@ -130,6 +130,7 @@ def test_tiny_on_cpu() -> None:
         "kv_bytes_per_token_per_shard": 512,  # 2 · 2 layers · 2 kv heads · 16 · 4 bytes
         "kv_bytes_per_block_per_shard": 8192,  # 16 · 512
         "windowed_kv_bytes_per_token_per_shard": 512,  # no sliding windows
+        "pooled_kv_bytes_per_token_per_shard": 512,
         "activation_bytes_per_token_per_shard": 2048,  # (2·64 + 3·128) · 4
         "device_flops": 1e11,  # the float32 measurement (no native bf16 on this host)
         # 1e11 / 163840 = 610351 → clamped to max_position_embeddings 256 (RAM would allow

@@ -34,6 +34,32 @@ def test_gemma3_4b_holds_a_quarter_of_its_kv_at_8k_tokens_with_windows() -> None
     # 5 global layers keep all 8,192 positions, 29 local ones 1,024 each
     assert budgets.windowed_kv_bytes_per_token_per_shard.value == (5 * 8192 + 29 * 1024) * per_layer // 8192 == 35328
     assert "if the 29 of 34 layers with a sliding window" in budgets.windowed_kv_bytes_per_token_per_shard.source
+    # The run-time pool (two KV layer groups): the global layers keep every position, the local ones the window, a
+    # block of margin and the partial block (1,024 + 32 positions), in the memory's split; within 0.1% of that.
+    pooled = budgets.pooled_kv_bytes_per_token_per_shard.value
+    kept = 5 * per_layer + 29 * per_layer * (1024 + 32) / 8192
+    assert kept == 35792 and kept <= pooled <= kept * 1.001
+    assert "two KV layer groups" in budgets.pooled_kv_bytes_per_token_per_shard.source
+    # kv_blocks are the global layers' blocks: 3.9x the positions of one cache for every layer, in the same bytes
+    assert budgets.kv_blocks.value * settings.block_size * pooled <= budgets.kv_cache_memory_bytes_per_shard.value
+    assert budgets.kv_blocks.value > 3.8 * budgets.kv_cache_memory_bytes_per_shard.value // (16 * 139264)
+
+
+def test_gemma3_1b_pool_at_8k_tokens() -> None:
+    """Gemma 3 1B (26 layers, 4 global, one KV head of 256, window 512): 26,624 bytes per token keeping everything,
+    5,504 if the local layers kept exactly their window, and what the pool keeps with its margin."""
+    config = {**GEMMA3_4B, "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "sliding_window": 512,
+              "max_position_embeddings": 32768, "rope_scaling": None}
+    shape = model_shape(config)
+    budgets = compute_budgets(shape, HARDWARE, BudgetSettings(dtype="bfloat16", max_total_tokens=8192,
+                                                              max_input_tokens=8191))
+    per_layer = 2 * 256 * 2
+    assert shape.family.layer_windows.count(None) == 4
+    assert budgets.kv_bytes_per_token_per_shard.value == 26 * per_layer == 26624
+    assert budgets.windowed_kv_bytes_per_token_per_shard.value == (4 * 8192 + 22 * 512) * per_layer // 8192 == 5504
+    kept = 4 * per_layer + 22 * per_layer * (512 + 32) / 8192
+    assert kept <= budgets.pooled_kv_bytes_per_token_per_shard.value <= kept * 1.001
 
 
 def test_family_norms_and_biases() -> None:

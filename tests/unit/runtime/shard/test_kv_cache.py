@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgictl.errors import ConfigError
+from tgictl.errors import ConfigError, InvalidRequestError
+from tgictl.kernels import build_attention_metadata
+from tgictl.kv_groups import KvGroups
+from tgictl.runtime.shard.batch import check_block_ids
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.model_config import ModelConfig
 
@@ -48,3 +51,37 @@ def test_for_model_uses_the_ranks_kv_heads() -> None:
 def test_empty_cache_is_refused() -> None:
     with pytest.raises(ConfigError, match="blocks=0"):
         KVCache(num_layers=1, num_blocks=0, block_size=16, kv_heads=1, head_dim=8, dtype=torch.float32, device=CPU)
+
+
+def test_two_layer_groups_keep_local_layers_in_their_own_blocks_and_split_pair_ids() -> None:
+    """Local and global layers (tgictl/kv_groups.py): the local layers' pages hold `local_blocks` blocks, and a step's
+    pair ids become each layer's own slots and block tables."""
+    cache = KVCache(num_layers=3, num_blocks=5, block_size=4, kv_heads=2, head_dim=8, dtype=torch.float32,
+                    device=CPU, layer_windows=(None, 8, 8), local_blocks=3)
+    assert cache.groups is not None and (cache.groups.global_blocks, cache.groups.local_blocks) == (5, 3)
+    assert [cache.layer(i)[0].shape[0] for i in range(3)] == [5, 3, 3]
+    table = [KvGroups.pair(4, 2), KvGroups.pair(1, 1)]  # positions 0..3 in (4, 2), 4..7 in (1, 1)
+    slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(5, 7)])
+    meta = build_attention_metadata([5], [2], [table], 4, CPU)
+    inputs = cache.layer_inputs(slots, meta)
+    (global_slots, global_meta), (local_slots, local_meta) = inputs[0], inputs[1]
+    assert inputs[2] is inputs[1]
+    assert global_slots.tolist() == [5, 6] and local_slots.tolist() == [5, 6]  # block 1 in both groups
+    assert global_meta.block_table_lists == ((4, 1),) and local_meta.block_table_lists == ((2, 1),)
+    one_group = KVCache(num_layers=3, num_blocks=5, block_size=4, kv_heads=2, head_dim=8, dtype=torch.float32,
+                        device=CPU, layer_windows=(None, 8, 8))
+    assert one_group.groups is None and one_group.layer_inputs(slots, meta) == [(slots, meta)] * 3
+
+
+def test_a_local_group_needs_layers_that_mix_windows() -> None:
+    with pytest.raises(ConfigError, match="mix global and sliding-window"):
+        KVCache(num_layers=2, num_blocks=5, block_size=4, kv_heads=2, head_dim=8, dtype=torch.float32,
+                device=CPU, layer_windows=(8, 8), local_blocks=3)
+
+
+def test_pair_ids_outside_either_group_are_refused() -> None:
+    groups = KvGroups(global_blocks=5, local_blocks=3, window=8)
+    check_block_ids("request 1", [KvGroups.pair(4, 2)], 5, groups)
+    for bad in (KvGroups.pair(5, 1), KvGroups.pair(1, 3)):
+        with pytest.raises(InvalidRequestError, match="request 1: block ids must pair a global block in 0 .. 4"):
+            check_block_ids("request 1", [bad], 5, groups)

@@ -1,4 +1,5 @@
-"""Tensor parallelism: two gloo processes give the TP=1 logits (within 1e-4), identical on both ranks."""
+"""Tensor parallelism: two gloo processes give the TP=1 logits (within 1e-4), identical on both ranks; models with
+local and global layers run on two KV layer groups (tgictl/kv_groups.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from tgictl.errors import ConfigError
 from tgictl.kernels import build_attention_metadata
+from tgictl.kv_groups import KvGroups
 from tgictl.quantization import QuantizeSpec
 from tgictl.runtime.launcher.plan import free_port
 from tgictl.runtime.model_files.gguf_model import gguf_model_dir
@@ -39,10 +41,15 @@ def _slots(blocks: list[int], start: int, stop: int) -> Tensor:
 def scenario(model_dir: Path, dtype: torch.dtype, dist: DistContext, quantize: QuantizeSpec | None = None) -> list[Tensor]:
     """Prefill A; then A decoding while B prefills, in one batch; then both decode 3 steps."""
     model = load_model(model_dir, dtype=dtype, device=CPU, dist=dist, quantize=quantize)
-    cache = model.allocate_kv_cache(32, BLOCK_SIZE)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 500, (40,), generator=generator)
     blocks_a, blocks_b = [7, 2, 11, 5, 9, 1], [3, 12, 6, 4, 8]
+    if model.local_group_shape(BLOCK_SIZE) is None:
+        cache = model.allocate_kv_cache(32, BLOCK_SIZE)
+    else:  # local and global layers (Gemma): two layer groups, each position's id a (global, local) pair
+        cache = model.allocate_kv_cache(32, BLOCK_SIZE, local_blocks=14)
+        blocks_a = [KvGroups.pair(g, l) for g, l in zip(blocks_a, [13, 4, 1, 10, 2, 7])]
+        blocks_b = [KvGroups.pair(g, l) for g, l in zip(blocks_b, [3, 12, 6, 11, 5])]
     outputs = []
 
     def step(parts: list[tuple[list[int], Tensor, int]], all_logits: bool) -> None:

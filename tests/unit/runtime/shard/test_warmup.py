@@ -155,3 +155,26 @@ def test_info_reports_each_layers_sliding_window(make_tiny_model: Callable[..., 
     model_dir = make_tiny_model("gemma3_text", num_layers=4, sliding_window=6)  # sliding_window_pattern 2
     runtime = ShardRuntime.load(model_dir, "float32", "cpu", DistContext.single(), block_size=16)
     assert runtime.info().layer_windows == (6, 0, 6, 0)
+
+
+def test_warmup_splits_the_budget_between_two_layer_groups(make_tiny_model: Callable[..., Path]) -> None:
+    """Gemma 3 at 5 local : 1 global with a window of 16 (tgictl/kv_groups.py): the local layers' blocks are the
+    window's share of the global positions for requests of max_total_tokens, never fewer than one such request;
+    the same bytes hold several times the positions of one cache for every layer."""
+    model_dir = make_tiny_model("gemma3_text", num_layers=6, sliding_window_pattern=6, sliding_window=16)
+    layer_block = TINY_BYTES_PER_BLOCK_F32 // 2  # one layer's K and V of a block (2 KV heads of 16)
+    budget = 6 * layer_block * 100  # 100 blocks of every layer
+    runtime = ShardRuntime.load(model_dir, "float32", "cpu", DistContext.single(), block_size=16,
+                                kv_cache_memory=budget)
+    result = runtime.warmup(WarmupRequest(batch=probe_batch([20]), max_prefill_tokens=32, max_total_tokens=512))
+    global_blocks, local_blocks = result.max_supported_total_tokens // 16, result.local_blocks
+    cache = runtime.runner.kv_cache
+    assert cache.groups is not None and (cache.groups.global_blocks, cache.groups.local_blocks) == (
+        global_blocks, local_blocks)
+    keep = 16 + 2 * 16  # the window and the release margin, of 512 positions
+    assert local_blocks - 1 == max(-(-(global_blocks - 1) * keep // 512), 512 // 16)
+    assert global_blocks * layer_block + local_blocks * 5 * layer_block <= budget
+    assert global_blocks > 2 * 100  # positions the same bytes hold, against 100 blocks for every layer
+    assert cache.nbytes <= budget
+    assert (result.max_input_tokens, result.max_total_tokens) == (511, 512)
+    runtime.health()

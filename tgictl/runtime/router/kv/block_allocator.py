@@ -11,16 +11,23 @@ attends through a sliding window, `release` gives back its leading blocks once e
 behind (docs/scheduling.md, "Sliding windows"): the ids stay in `blocks` so that block i still holds
 positions i * block_size .., but the allocation no longer owns them and publishes nothing at `free`.
 
+With two layer groups (global and local layers, tgictl/kv_groups.py) every id is a pair (global block, local
+block) and the pool keeps a free list per group; `release` then gives back only the local halves (the global
+layers still read those positions). Counts (`total_blocks`, `used_blocks`, ...) are of the global group: the
+positions a sequence holds; `local_free_blocks` says what the local group has left.
+
 Allocators are not thread-safe: the batcher owns one and calls it from a single task.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from tgictl.errors import AllocatorError, AllocatorIntegrityError, ConfigError
+from tgictl.errors import AllocatorError, AllocatorIntegrityError
+from tgictl.kv_groups import KvGroups, blocks_for  # blocks_for: the queue and tests take it from here too
+from tgictl.runtime.router.kv.block_pool import BlockPool
 
 
 @dataclass(frozen=True)
@@ -113,14 +120,6 @@ class KvAllocator(Protocol):
         ...
 
 
-def check_allocator_shape(num_blocks: int, block_size: int) -> None:
-    """Constructor arguments shared by every allocator."""
-    if block_size < 1:
-        raise ConfigError(f"block_size must be >= 1, got {block_size}")
-    if num_blocks < 1:
-        raise ConfigError(f"num_blocks must be >= 1 (block 0 is reserved), got {num_blocks}")
-
-
 def check_allocate_args(tokens: int, prefill_tokens: Sequence[int] | None) -> None:
     if tokens < 0:
         raise AllocatorError(f"allocate: tokens must be >= 0, got {tokens}")
@@ -152,10 +151,6 @@ def check_computed_tokens(
         )
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 def check_release(allocation: BlockAllocation, blocks: int) -> None:
     if not 0 <= blocks < len(allocation.blocks):
         raise AllocatorError(
@@ -164,67 +159,13 @@ def check_release(allocation: BlockAllocation, blocks: int) -> None:
         )
 
 
-def check_block_ownership(
-    num_blocks: int, owners: Iterable[tuple[str, Iterable[int]]]
-) -> None:
-    """Every usable block 1..num_blocks-1 must belong to exactly one owner; block 0 to none."""
-    seen: dict[int, str] = {}
-    for owner, blocks in owners:
-        for block in blocks:
-            if not 0 < block < num_blocks:
-                raise AllocatorIntegrityError(
-                    f"{owner} holds block {block}, outside 1..{num_blocks - 1}"
-                )
-            if block in seen:
-                raise AllocatorIntegrityError(
-                    f"block {block} is owned twice: {seen[block]} and {owner}"
-                )
-            seen[block] = owner
-    if len(seen) != num_blocks - 1:
-        missing = sorted(set(range(1, num_blocks)) - seen.keys())
-        raise AllocatorIntegrityError(f"blocks leaked (owned by nobody): {missing[:20]}")
-
-
-class BlockPool:
-    """What both allocators share: the checked shape and the free list `1..num_blocks-1` (block 0
-    is reserved). Allocations take the LAST blocks of the list and freed (or evicted) blocks are
-    appended, so the most recently freed blocks are reused first (TGI's order)."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        check_allocator_shape(num_blocks, block_size)
-        self._num_blocks = num_blocks
-        self._block_size = block_size
-        self._free: list[int] = list(range(1, num_blocks))
-
-    def _take(self, count: int) -> tuple[int, ...]:
-        """The last `count` blocks of the free list (the caller checked there are that many)."""
-        free = self._free
-        if not count:  # free[-0:] would be the whole list
-            return ()
-        blocks = tuple(free[-count:])
-        del free[-count:]
-        return blocks
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def total_blocks(self) -> int:
-        return self._num_blocks - 1
-
-    @property
-    def free_blocks(self) -> int:
-        return len(self._free)
-
-
 class BlockAllocator(BlockPool):
     """No prefix caching (TGI's SimpleAllocator): the free list alone."""
 
     prefix_caching = False
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, groups: KvGroups | None = None) -> None:
+        super().__init__(num_blocks, block_size, groups)
         self._live: dict[int, tuple[tuple[int, ...], int]] = {}  # allocation id -> (its blocks, released)
         self._used = 0
         self._next_id = 1
@@ -246,7 +187,7 @@ class BlockAllocator(BlockPool):
     ) -> BlockAllocation | None:
         check_allocate_args(tokens, prefill_tokens)
         need = blocks_for(tokens, self._block_size)
-        if need + max(reserve, 0) > len(self._free):
+        if need + max(reserve, 0) > self._available():
             return None
         blocks = self._take(need)
         allocation_id = self._next_id
@@ -260,7 +201,7 @@ class BlockAllocator(BlockPool):
         need = blocks_for(tokens, self._block_size) - len(allocation.blocks)
         if need <= 0:
             return allocation if tokens <= allocation.tokens else replace(allocation, tokens=tokens)
-        if need > len(self._free):
+        if need > self._available():
             return None
         blocks = allocation.blocks + self._take(need)
         self._live[allocation.allocation_id] = (blocks, allocation.released)
@@ -272,8 +213,7 @@ class BlockAllocator(BlockPool):
         check_release(allocation, blocks)
         if blocks <= allocation.released:
             return allocation
-        self._free.extend(allocation.blocks[allocation.released : blocks])
-        self._used -= blocks - allocation.released
+        self._used -= self._release_owned(allocation.blocks[allocation.released : blocks])
         self._live[allocation.allocation_id] = (allocation.blocks, blocks)
         return replace(allocation, released=blocks)
 
@@ -285,20 +225,21 @@ class BlockAllocator(BlockPool):
 
     def free(self, allocation: BlockAllocation, computed_tokens: Sequence[int] | None) -> None:
         self._check_live(allocation, "free")
-        blocks = allocation.blocks[allocation.released :]
         check_computed_tokens(allocation, tuple(computed_tokens or ()), None, self._block_size)
         del self._live[allocation.allocation_id]
-        self._used -= len(blocks)
-        self._free.extend(blocks)
+        self._used -= len(allocation.blocks) - (allocation.released if self._groups is None else 0)
+        self._give_owned(allocation.blocks, 0, allocation.released)
 
     def forget(self, namespace: int) -> None:
         """Nothing is cached without prefix caching."""
 
     def check_integrity(self) -> None:
-        owners = [("free list", self._free)]
-        owners += [(f"allocation {aid}", blocks[released:]) for aid, (blocks, released) in self._live.items()]
-        check_block_ownership(self._num_blocks, owners)
-        used = sum(len(blocks) - released for blocks, released in self._live.values())
+        whole = self._groups is None  # with one group released blocks are nobody's; with two, their global halves stay
+        self._check_owners([
+            (f"allocation {aid}", blocks[released:] if whole else blocks, released)
+            for aid, (blocks, released) in self._live.items()
+        ])
+        used = sum(len(blocks) - (released if whole else 0) for blocks, released in self._live.values())
         if used != self._used:
             raise AllocatorIntegrityError(f"used_blocks is {self._used}, allocations hold {used}")
         if self._used + len(self._free) != self.total_blocks:

@@ -18,16 +18,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tgictl.errors import AllocatorError, AllocatorIntegrityError
+from tgictl.kv_groups import KvGroups
 from tgictl.runtime.router.kv.block_allocator import (
     BlockAllocation,
     BlockAllocator,
-    BlockPool,
     KvAllocator,
     check_allocate_args,
-    check_block_ownership,
     check_computed_tokens,
     check_release,
 )
+from tgictl.runtime.router.kv.block_pool import BlockPool
 from tgictl.runtime.router.kv.cache_events import CacheEvents
 from tgictl.runtime.router.kv.radix_trie import RadixTrie, TrieNode
 
@@ -35,13 +35,15 @@ __all__ = ["RadixAllocator", "RadixTrie", "TrieNode", "create_allocator"]
 
 
 def create_allocator(
-    num_blocks: int, block_size: int, prefix_caching: bool, events: CacheEvents | None = None
+    num_blocks: int, block_size: int, prefix_caching: bool, events: CacheEvents | None = None,
+    groups: KvGroups | None = None,
 ) -> KvAllocator:
     """The allocator for the prefix-caching setting. `num_blocks` counts reserved block 0 (TGI:
-    max_batch_total_tokens // block_size). `events` hears what the prefix cache stores and evicts."""
+    max_batch_total_tokens // block_size). `events` hears what the prefix cache stores and evicts. `groups`: the
+    shards' two layer groups, for a model mixing global and sliding-window layers (block ids are pairs)."""
     if prefix_caching:
-        return RadixAllocator(num_blocks, block_size, events)
-    return BlockAllocator(num_blocks, block_size)
+        return RadixAllocator(num_blocks, block_size, events, groups)
+    return BlockAllocator(num_blocks, block_size, groups)
 
 
 class _Live:
@@ -70,8 +72,10 @@ class RadixAllocator(BlockPool):
 
     prefix_caching = True
 
-    def __init__(self, num_blocks: int, block_size: int, events: CacheEvents | None = None) -> None:
-        super().__init__(num_blocks, block_size)
+    def __init__(
+        self, num_blocks: int, block_size: int, events: CacheEvents | None = None, groups: KvGroups | None = None
+    ) -> None:
+        super().__init__(num_blocks, block_size, groups)
         self._events = events
         self._trie = RadixTrie(block_size)
         self._live: dict[int, _Live] = {}
@@ -109,7 +113,7 @@ class RadixAllocator(BlockPool):
         trie.pin(node)
         prefix_blocks = len(blocks)
         need = -(-(tokens - prefix_blocks * bs) // bs)  # blocks_for, inlined: this is per request
-        if need + max(reserve, 0) > len(self._free) + trie.evictable_blocks or not self._reclaim(need):
+        if need + max(reserve, 0) > self._available() + trie.evictable_blocks or not self._reclaim(need):
             trie.unpin(node)
             return None
         blocks.extend(self._take(need))
@@ -138,24 +142,27 @@ class RadixAllocator(BlockPool):
             return allocation
         start = live.owned_from
         live.released = blocks
-        given = allocation.blocks[start : live.owned_from]  # cached prefix blocks stay the trie's, pinned
-        self._free.extend(given)
-        self._suffix_blocks -= len(given)
+        # Cached prefix blocks stay the trie's, pinned.
+        self._suffix_blocks -= self._release_owned(allocation.blocks[start : live.owned_from])
         return replace(allocation, released=blocks)
+
+    def _global_owned_from(self, live: _Live) -> int:
+        """The first block whose global half the allocation owns: released blocks keep theirs with two groups."""
+        return live.owned_from if self._groups is None else live.prefix_blocks
 
     def _reclaim(self, need: int) -> bool:
         """Make `need` blocks free, evicting least recently used cached prefixes if the free list is short;
         False (nothing evicted) when even the whole evictable cache would not do. Unlike TGI, evict only
         when that makes the allocation fit: a failing request should not flush the cache."""
-        short = need - len(self._free)
+        short = need - self._available()
         if short <= 0:
             return True
         if short > self._trie.evictable_blocks:
             return False
-        evicted = self._trie.evict(short)
+        evicted = self._trie.evict(short)  # whole pairs with two groups: each adds one block to both free lists
         if self._events is not None:
             self._events.removed(evicted)
-        self._free.extend(evicted)
+        self._give(evicted)
         return True
 
     def _live_of(self, allocation: BlockAllocation, call: str) -> _Live:
@@ -171,13 +178,13 @@ class RadixAllocator(BlockPool):
         computed = tuple(computed_tokens) if computed_tokens else ()
         check_computed_tokens(allocation, computed, live.prompt, self._block_size)
         del self._live[allocation.allocation_id]
-        trie, bs, blocks, free = self._trie, self._block_size, live.blocks, self._free
+        trie, bs, blocks = self._trie, self._block_size, live.blocks
         trie.unpin(live.node)
         prefix = live.prefix_blocks
-        self._suffix_blocks -= len(blocks) - live.owned_from
+        self._suffix_blocks -= len(blocks) - self._global_owned_from(live)
         full = len(computed) // bs  # only whole blocks can be looked up later
         if full <= prefix or live.owned_from > prefix:  # released blocks broke the chain from the first token
-            free.extend(blocks[live.owned_from :])
+            self._give_owned(blocks, prefix, live.released)
             return
         # Nothing ran between unpin and insert, so the trie still holds our prefix and
         # `present` covers it; blocks in [prefix, present) were published meanwhile by an
@@ -187,25 +194,25 @@ class RadixAllocator(BlockPool):
             raise AllocatorIntegrityError(
                 f"allocation {allocation.allocation_id}'s cached prefix vanished from the trie"
             )
-        free.extend(blocks[prefix:present])
-        free.extend(blocks[full:])  # partial last block and generated tokens are never cached
+        self._give(blocks[prefix:present])
+        self._give(blocks[full:])  # partial last block and generated tokens are never cached
         if self._events is not None and full > present:
             self._events.stored(live.namespace, computed[: full * bs], blocks[:full], present)
 
     def forget(self, namespace: int) -> None:
         """Drop the cached prefixes of `namespace` (an unloaded adapter's): their blocks become free."""
-        self._free.extend(self._trie.drop_namespace(namespace))
+        self._give(self._trie.drop_namespace(namespace))
 
     def check_integrity(self) -> None:
         trie = self._trie
         trie.check_integrity()
-        owners: list[tuple[str, Sequence[int]]] = [("free list", self._free)]
-        owners += [(f"trie node {n.node_id}", n.blocks) for n in trie.nodes()]
+        owners: list[tuple[str, Sequence[int], int]] = [(f"trie node {n.node_id}", n.blocks, 0) for n in trie.nodes()]
         pins: dict[int, int] = {}
         suffix = 0
         for aid, live in self._live.items():
-            owners.append((f"allocation {aid}", live.blocks[live.owned_from :]))
-            suffix += len(live.blocks) - live.owned_from
+            start = self._global_owned_from(live)
+            owners.append((f"allocation {aid}", live.blocks[start:], live.owned_from - start))
+            suffix += len(live.blocks) - start
             path = trie.path_blocks(live.node)
             if list(live.blocks[: live.prefix_blocks]) != path[: live.prefix_blocks]:
                 raise AllocatorIntegrityError(
@@ -214,7 +221,7 @@ class RadixAllocator(BlockPool):
             if 0 in live.blocks:
                 raise AllocatorIntegrityError(f"allocation {aid} holds reserved block 0")
             pins[id(live.node)] = pins.get(id(live.node), 0) + 1
-        check_block_ownership(self._num_blocks, owners)
+        self._check_owners(owners)
         for node in trie.nodes():
             direct = node.ref_count - len(node.children)
             if direct != pins.pop(id(node), 0):

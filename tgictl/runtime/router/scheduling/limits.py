@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tgictl.config import RouterConfig
 from tgictl.errors import ConfigError
+from tgictl.kv_groups import KvGroups, hybrid_window
 from tgictl.proto.messages import (
     Batch,
     Info,
@@ -38,6 +39,8 @@ class RouterLimits:
     max_batch_total_tokens: int  # KV tokens the shards hold (warmup), at most the user's value
     max_batch_size: int | None
     num_blocks: int  # allocator blocks, reserved block 0 included
+    # The shards' two layer groups (a model mixing global and sliding-window layers); None: one group.
+    kv_groups: KvGroups | None = None
 
 
 def max_batch_prefill_tokens(config: RouterConfig, info: Info) -> int:
@@ -97,7 +100,12 @@ def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_pr
     num_blocks = batch_total // info.block_size
     if num_blocks < 2:
         raise ConfigError(f"the KV cache holds {batch_total} tokens: fewer than one usable block of {info.block_size}")
-    fits = max_request_tokens(num_blocks, info.block_size)
+    window = hybrid_window(info.layer_windows)
+    groups = None
+    if warmup.local_blocks and window is not None:
+        groups = KvGroups(supported // info.block_size, warmup.local_blocks, window)
+    # A prompt takes all its local blocks at admission: one request fits both groups.
+    fits = max_request_tokens(min(num_blocks, groups.local_blocks if groups else num_blocks), info.block_size)
     max_total = config.max_total_tokens if config.max_total_tokens is not None else min(warmup.max_total_tokens, fits)
     max_input = config.max_input_tokens if config.max_input_tokens is not None else min(
         warmup.max_input_tokens, max_total - 1
@@ -127,4 +135,5 @@ def derive_limits(config: RouterConfig, info: Info, warmup: WarmupResult, max_pr
         max_batch_total_tokens=batch_total,
         max_batch_size=config.max_batch_size,
         num_blocks=num_blocks,
+        kv_groups=groups,
     )

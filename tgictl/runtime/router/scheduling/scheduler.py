@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from tgictl.config import SchedulingPolicy
 from tgictl.errors import GenerationError, TgictlError, ValidationError
+from tgictl.kv_groups import KvGroups
 from tgictl.proto.messages import BlockGrant, CachedBatch, StepResult
 from tgictl.runtime.router.kv.block_allocator import KvAllocator
 from tgictl.runtime.router.request import ErrorEvent
@@ -41,10 +42,13 @@ log = logging.getLogger(__name__)
 ADMISSION_WATERMARK = 0.01
 
 
-def release_window(layer_windows: Sequence[int]) -> int | None:
+def release_window(layer_windows: Sequence[int], groups: KvGroups | None = None) -> int | None:
     """The window blocks may be released behind (Info.layer_windows: 0 is a layer without one): the narrowest,
-    when every layer has one. A model with any global layer needs every position, so the shared paged cache
-    (one block holds a position for all layers) can free nothing; None."""
+    when every layer has one. A model with global layers too frees only with two layer groups (`groups`, the
+    allocator's): then the local group's window, and `release` gives back only the local halves. Else the
+    shared paged cache (one block holds a position for all layers) can free nothing; None."""
+    if groups is not None:
+        return groups.window
     if not layer_windows or min(layer_windows) == 0:
         return None
     return min(layer_windows)
@@ -55,8 +59,9 @@ class SchedulerConfig:
     max_batch_prefill_tokens: int
     max_batch_size: int | None = None
     speculate: int = 0  # draft tokens a decoding row may verify per step (Info.speculate): blocks ahead for them
-    # The narrowest sliding window when EVERY layer has one (Info.layer_windows), else None: a decoding
-    # request's blocks that all layers have left behind go back to the pool (`_release_behind_window`).
+    # The narrowest sliding window when EVERY layer has one (Info.layer_windows), or the local group's with two
+    # layer groups, else None: a decoding request's blocks that all (local) layers have left behind go back to
+    # the pool (`_release_behind_window`).
     release_window: int | None = None
 
 
@@ -140,9 +145,10 @@ class Scheduler:
         return best
 
     def _release_behind_window(self) -> None:
-        """When every layer attends through a sliding window of at least `release_window` positions, a query at
-        position q reads keys from q - window + 1 on: the blocks wholly before the next forward's first query's
-        window, less one block of margin, are read by no layer again. Only decoding requests (their prompt is
+        """When every layer (every local layer, with two layer groups) attends through a sliding window of at most
+        `release_window` positions, a query at position q reads keys from q - window + 1 on: the blocks wholly
+        before the next forward's first query's window, less one block of margin, are read by no such layer again
+        (with two groups only their local halves go back). Only decoding requests (their prompt is
         in); a request that released blocks publishes nothing to the prefix cache (a continuation or a
         resumed request recomputes), see kv/block_allocator.py."""
         window = self._config.release_window

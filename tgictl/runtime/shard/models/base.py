@@ -11,6 +11,7 @@ from tgictl.errors import InvalidRequestError
 from tgictl.kernels import AttentionMetadata
 from tgictl.kernels.lora import StepAdapters
 from tgictl.kv_cache_dtype import DEFAULT_KV_CACHE_DTYPE
+from tgictl.kv_groups import GroupShape, hybrid_window
 from tgictl.runtime.shard.dist import DistContext
 from tgictl.runtime.shard.kv_cache import KVCache
 from tgictl.runtime.shard.model_config import ModelConfig
@@ -29,9 +30,9 @@ class CausalLM(nn.Module, ABC):
         self.dist = dist
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None,
-                          kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> KVCache:
+                          kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE, local_blocks: int | None = None) -> KVCache:
         """A zeroed cache shaped for this model and rank (dtype defaults to the model's) in the `--kv-cache-dtype`
-        format."""
+        format; with `local_blocks`, the sliding-window layers' in that many blocks (kv_cache.py)."""
         return KVCache.for_model(
             self.config,
             rank=self.dist.rank,
@@ -41,17 +42,33 @@ class CausalLM(nn.Module, ABC):
             dtype=dtype or self.dtype,
             device=self.device,
             kv_cache_dtype=kv_cache_dtype,
+            local_blocks=local_blocks,
         )
 
     def kv_bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None,
-                           kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> int:
+                           kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE, num_layers: int | None = None) -> int:
+        """One block's bytes on this rank in every layer (or in `num_layers` of them)."""
         return KVCache.bytes_per_block(
-            self.config.num_layers,
+            self.config.num_layers if num_layers is None else num_layers,
             block_size,
             self.config.head_split(self.dist.rank, self.dist.world_size).kv_count,
             self.config.head_dim,
             dtype or self.dtype,
             kv_cache_dtype,
+        )
+
+    def local_group_shape(self, block_size: int, dtype: torch.dtype | None = None,
+                          kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> GroupShape | None:
+        """The two layer groups' block bytes when the layers mix global and sliding-window ones; None otherwise."""
+        windows = self.config.layer_windows
+        window = hybrid_window(windows)
+        if window is None:
+            return None
+        local = sum(1 for w in windows if w)
+        return GroupShape(
+            self.kv_bytes_per_block(block_size, dtype, kv_cache_dtype, len(windows) - local),
+            self.kv_bytes_per_block(block_size, dtype, kv_cache_dtype, local),
+            window,
         )
 
     def forward(

@@ -94,7 +94,7 @@ class DecoderForCausalLM(CausalLM):
         last = len(self.layers) - 1
         delta: Tensor | None = None
         first = 0
-        stack = self.plain_layer_stack() if adapters is None else None
+        stack = self.plain_layer_stack() if adapters is None and kv_cache.groups is None else None
         if stack is not None:
             # The layers in one compiled call: all of them where every row is a logit row (a decode step: one
             # per sequence, in order), else all but the last, which picks the logit rows in Python.
@@ -110,12 +110,16 @@ class DecoderForCausalLM(CausalLM):
                 if normed is not None:  # the final norm ran in the same call
                     return normed
                 first = count
+        inputs = kv_cache.layer_inputs(slots, meta)  # each layer's slots and block tables: its group's
         for i in range(first, len(self.layers)):
             layer = self.layers[i]
             key_cache, value_cache = kv_cache.layer(i)
             rows = logit_indices if i == last else None  # after the last attention only these rows matter
             cos, sin = rotary[i]
-            hidden, delta = layer(hidden, delta, cos, sin, slots, key_cache, value_cache, meta, rows, adapters)
+            layer_slots, layer_meta = inputs[i]
+            hidden, delta = layer(
+                hidden, delta, cos, sin, layer_slots, key_cache, value_cache, layer_meta, rows, adapters
+            )
         if delta is None:  # a model without layers
             return self.norm(hidden)
         return self.norm.add_forward(hidden, delta)[1]  # [n, hidden]

@@ -10,6 +10,7 @@ from tgictl.testing.fake_shard import fake_info
 from tgictl.config import RouterConfig
 from tgictl.errors import ConfigError
 from tgictl.proto.messages import WarmupResult
+from tgictl.runtime.router.scheduling.scheduler import release_window
 from tgictl.runtime.router.scheduling.limits import (
     derive_limits,
     max_batch_prefill_tokens,
@@ -100,3 +101,17 @@ def test_max_total_tokens_fits_the_usable_blocks() -> None:
     fits = derive_limits(config(max_batch_total_tokens=4096, max_total_tokens=4081), fake_info(),
                          WarmupResult(4096, 4080, 4081), 4096)
     assert fits.max_total_tokens == 4081
+
+
+def test_two_layer_groups_from_warmup_bound_a_request_by_the_smaller_group() -> None:
+    """A shard with local and global layers reports the local group's blocks: the allocator gets both groups, and a
+    request fits the smaller one (its prompt takes all its local blocks before any goes back)."""
+    info = replace(fake_info(), layer_windows=(16, 16, 0))
+    limits = derive_limits(config(), info, WarmupResult(8192, 8191, 8192, local_blocks=65), 4096)
+    assert limits.kv_groups is not None
+    assert (limits.kv_groups.global_blocks, limits.kv_groups.local_blocks, limits.kv_groups.window) == (512, 65, 16)
+    assert limits.num_blocks == 512 and limits.max_total_tokens == 64 * 16 + 1
+    assert release_window(info.layer_windows, limits.kv_groups) == 16
+    assert release_window(info.layer_windows) is None  # one group: a global layer needs every position
+    one = derive_limits(config(), info, WarmupResult(8192, 8191, 8192), 4096)
+    assert one.kv_groups is None and one.max_total_tokens == 511 * 16 + 1
