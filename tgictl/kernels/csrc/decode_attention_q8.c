@@ -120,10 +120,37 @@ static void quantize_query(const q8_call *a, int64_t seq, int8_t *q8, int32_t *q
     }
 }
 
+/* The 16 keys' bf16 scales of KV head h as float32. The keys of a block usually sit in consecutive slots (one
+ * page of 16, or two pages' runs): their scales are then 16 kv_heads-strided values of one stretch, picked out of
+ * (at most) 64 bf16 by two masked loads and one permute instead of 16 scalar loads; otherwise one at a time. */
 static inline __m512 gather_scales(const uint16_t *scales, const int64_t *slots, int64_t kv_heads, int64_t h) {
+    if (kv_heads <= 4 && slots[KEY_BLOCK - 1] - slots[0] == KEY_BLOCK - 1) {
+        int consecutive = 1;
+        for (int j = 1; j < KEY_BLOCK; j++) consecutive &= slots[j] == slots[0] + j;
+        if (consecutive) {
+            const int64_t count = KEY_BLOCK * kv_heads, high = count > 32 ? count - 32 : 0; /* bf16 values */
+            const uint16_t *from = scales + slots[0] * kv_heads;
+            const __m512i low_half = _mm512_maskz_loadu_epi16((__mmask32)((1ull << (count - high)) - 1ull), from);
+            const __m512i high_half = _mm512_maskz_loadu_epi16((__mmask32)((1ull << high) - 1ull), from + 32);
+            const __m512i index = _mm512_add_epi16(_mm512_mullo_epi16(
+                _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11,
+                                 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi16((short)kv_heads)),
+                _mm512_set1_epi16((short)h));
+            const __m256i picked = _mm512_castsi512_si256(_mm512_permutex2var_epi16(low_half, index, high_half));
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(picked), 16));
+        }
+    }
     float s[KEY_BLOCK];
     for (int j = 0; j < KEY_BLOCK; j++) s[j] = bf16_to_float(scales[slots[j] * kv_heads + h]);
     return _mm512_loadu_ps(s);
+}
+
+/* acc + the products of a's unsigned bytes and the signed bytes of the 32-bit value at b, broadcast to every lane
+ * by the instruction itself ({1to16}): the compiler emitted a separate broadcast per product (a third of the
+ * scores' instructions). */
+static inline __m512i dpbusd_broadcast(__m512i acc, __m512i a, const int32_t *b) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*b));
+    return acc;
 }
 
 /* The scores of KV head h's G query heads for one block of 16 keys (rows at `sl`) into w [G][16], before the
@@ -145,8 +172,8 @@ static inline __attribute__((always_inline)) void block_scores(
             const int32_t *qd = (const int32_t *)(q8 + (h * G + g) * d + 64 * part);
             const int32_t *qd_lo = (const int32_t *)(q8 + (lo + h * G + g) * d + 64 * part);
             for (int p = 0; p < 16; p++) {
-                dot[g][0] = _mm512_dpbusd_epi32(dot[g][0], c[p], _mm512_set1_epi32(qd[p]));
-                dot[g][1] = _mm512_dpbusd_epi32(dot[g][1], c[p], _mm512_set1_epi32(qd_lo[p]));
+                dot[g][0] = dpbusd_broadcast(dot[g][0], c[p], qd + p);
+                dot[g][1] = dpbusd_broadcast(dot[g][1], c[p], qd_lo + p);
             }
         }
     }
