@@ -80,8 +80,9 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* Per task scratch (floats): m, l, rescale [heads] each, w [heads][16], acc [heads][d]. */
-static int64_t q8_scratch_floats(int64_t heads, int64_t d) { return heads * (3 + KEY_BLOCK + d) + 16; }
+/* Per task scratch (floats): m, rescale [heads] each, w [heads][16], l [heads][16] (each head's running sum
+ * per lane: summed across lanes once, at the chunk's end, not per block), acc [heads][d]. */
+static int64_t q8_scratch_floats(int64_t heads, int64_t d) { return heads * (2 + 2 * KEY_BLOCK + d) + 16; }
 
 /* One sequence's quantized query (quantize_query), computed once before its chunks' tasks (every chunk of a
  * sequence uses the same: per chunk it took ~20% of the kernel at 8k cached, 16 chunks a sequence): q8 [2][heads][d]
@@ -257,12 +258,10 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
     const int8_t *q8 = a->query_q8 + seq * query_parts_bytes(heads, d);
     const int32_t *qsum = (const int32_t *)(q8 + 2 * heads * d);
     const float *qmul = (const float *)(qsum + 2 * heads);
-    float *m = scratch, *l = m + heads, *rescale = l + heads;
-    float *w = rescale + heads, *acc = w + heads * KEY_BLOCK;
-    for (int64_t x = 0; x < heads; x++) {
-        m[x] = -INFINITY;
-        l[x] = 0.0f;
-    }
+    float *m = scratch, *rescale = m + heads, *w = rescale + heads, *l = w + heads * KEY_BLOCK;
+    float *acc = l + heads * KEY_BLOCK;
+    for (int64_t x = 0; x < heads; x++) m[x] = -INFINITY;
+    memset(l, 0, sizeof(float) * (size_t)(heads * KEY_BLOCK));
     memset(acc, 0, sizeof(float) * (size_t)(heads * d));
     const int64_t *slots = a->slots + seq * a->max_len + t0;
     const int64_t window = read_ahead_keys(row, KEY_BLOCK);
@@ -281,7 +280,8 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
                 const float top = fmaxf(m[x], _mm512_mask_reduce_max_ps(valid, s));
                 rescale[x] = running_rescale(m[x], top);
                 const __m512 e = _mm512_maskz_mov_ps(valid, exp_nonpositive_v(_mm512_sub_ps(s, _mm512_set1_ps(top))));
-                l[x] = l[x] * rescale[x] + _mm512_reduce_add_ps(e);
+                float *lx = l + x * KEY_BLOCK;
+                _mm512_storeu_ps(lx, _mm512_fmadd_ps(_mm512_loadu_ps(lx), _mm512_set1_ps(rescale[x]), e));
                 m[x] = top;
                 _mm512_storeu_ps(w + x * KEY_BLOCK, _mm512_mul_ps(e, sv));
             }
@@ -290,7 +290,7 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
     }
     for (int64_t x = 0; x < heads; x++) {
         out[x * (d + 2)] = m[x];
-        out[x * (d + 2) + 1] = l[x];
+        out[x * (d + 2) + 1] = _mm512_reduce_add_ps(_mm512_loadu_ps(l + x * KEY_BLOCK));
         for (int64_t j = 0; j < d; j++) out[x * (d + 2) + 2 + j] = acc[x * d + even16_order(j)];
     }
 }
