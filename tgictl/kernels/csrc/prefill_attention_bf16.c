@@ -50,7 +50,8 @@
 static inline void widen_row_int8(const int8_t *q, uint16_t scale, uint16_t *out, const int V) {
     const __m512 s = _mm512_set1_ps(bf16_to_float(scale));
     for (int c = 0; c < V; c++) {
-        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * c)))), s);
+        const __m512i wide = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * c)));
+        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(wide), s);
         const __m512i bits = _mm512_castps_si512(x);
         const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
         const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
