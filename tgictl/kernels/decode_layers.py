@@ -11,8 +11,8 @@ the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs)
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
 --batch-invariant, over a bf16 or an int8 KV cache (--kv-cache-dtype int8: the int8 store and attention kernels
 the Python layers call on it); the model says whether its layers have the plain shape (Llama's layer: no biases,
-no q/k norms, no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense bf16, int4 tiles
-(--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
+no q/k norms, no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense
+bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
 runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
 table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
 calls the loop saves are worth more than the table's margin).
