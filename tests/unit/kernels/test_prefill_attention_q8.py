@@ -1,9 +1,12 @@
 """csrc/prefill_attention_bf16.c's int8 entry (tgictl_prefill_attention_q8), causal prefill attention over an int8 KV
 cache: bit for bit the bf16 kernel's result on the cache widened to bf16 (kv_pages.gather_rows' values), for prompts
 with and without a cached prefix, every group size, head sizes 64 and 128, sliding windows; within bf16 rounding of the
-reference (the int8 bytes dequantized to float32, float32 attention); prefill_attention dispatches int8 caches to it."""
+reference (the int8 bytes dequantized to float32, float32 attention); prefill_attention dispatches int8 caches to it;
+a build without AVX512-BF16 declines and the torch path serves."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from paged_cases import CaseSpec, build_case
 
 from tgictl.kernels.attention_fast import prefill_attention, prefill_attention_torch
 from tgictl.kernels.kv_pages import Int8Pages, dequantize_int8
-from tgictl.kernels.native import cpu_flags, load_native_kernels, prefill_attention_int8
+from tgictl.kernels.native import _bind, _build, cpu_flags, load_native_kernels, prefill_attention_int8
 
 HAS_BF16_DOT = "avx512_bf16" in cpu_flags().split()
 pytestmark = pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512-BF16")
@@ -81,3 +84,15 @@ def test_prefill_attention_dispatches_int8_caches_to_the_kernel() -> None:
     # float32 queries (the exactness path) and head sizes the kernel does not take stay on the torch path
     assert prefill_attention_int8(kernels, query.float(), case.key_cache, case.value_cache, plan.slots,
                                   plan.cache_len, case.scale) is None
+
+
+def test_a_build_without_avx512_bf16_declines_and_the_torch_path_serves(tmp_path: Path) -> None:
+    case = build_case(CaseSpec(((12, 20),), block_size=16, heads=9, kv_heads=3, head_dim=64), torch.bfloat16, "int8")
+    (plan,) = case.meta.prefill
+    query = case.query[plan.query_start : plan.query_end]
+    haswell = _bind(_build("cc", tmp_path, march="haswell"))
+    assert prefill_attention_int8(haswell, query, case.key_cache, case.value_cache, plan.slots, plan.cache_len,
+                                  case.scale) is None
+    reference = prefill_attention_torch(query.float(), case.key_cache, case.value_cache, plan, case.scale)
+    torch.testing.assert_close(prefill_attention_torch(query, case.key_cache, case.value_cache, plan,
+                                                       case.scale).float(), reference, **BF16_TOL)
