@@ -132,8 +132,10 @@ def main() -> None:
 
 def measured_step(args: argparse.Namespace, dtype: torch.dtype, batch: int) -> float:
     """The median seconds of the served decode step (ModelRunner.generate_token) of `batch` rows."""
-    _, runner, decode, _ = decode_batch(args.model_dir, dtype, batch, args.context, args.steps + 4,
-                                        kv_cache_dtype=args.kv_cache_dtype)
+    _, runner, decode, prefill_s = decode_batch(args.model_dir, dtype, batch, args.context, args.steps + 4,
+                                                kv_cache_dtype=args.kv_cache_dtype)
+    print(f"prefill of {batch} prompt(s) of {args.context} tokens ({args.kv_cache_dtype} cache): {prefill_s:.1f} s, "
+          f"{prefill_s / batch:.2f} s each", flush=True)
     times = []
     for _ in range(args.steps + 2):
         start = time.perf_counter()

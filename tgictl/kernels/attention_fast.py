@@ -19,7 +19,7 @@ from torch import Tensor
 
 from tgictl.kernels.kv_pages import Int8Pages, Pages, gather_rows
 from tgictl.kernels.metadata import DecodePlan, PrefillPlan
-from tgictl.kernels.native import load_native_kernels, paged_decode_int8
+from tgictl.kernels.native import load_native_kernels, paged_decode_int8, prefill_attention_int8
 
 
 def _softcapped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, softcap: float) -> Tensor:
@@ -135,12 +135,17 @@ def prefill_attention(
     bf16 on CPU takes a compiled kernel: csrc/prefill_attention_amx.c where the CPU has AMX (1.9 ms per layer
     for a 1,000-token prompt on 2 Xeon cores, SDPA 3.0-3.4), else csrc/prefill_attention_bf16.c where the build
     has AVX512-BF16: torch's CPU flash kernel multiplies bf16 through MKL, which widens to float32 on AMD CPUs
-    (11.7 ms per layer for a 1,000-token prompt on 2 Zen 5 cores).
+    (11.7 ms per layer for a 1,000-token prompt on 2 Zen 5 cores). An int8 cache takes the AVX512-BF16 kernel's
+    int8 entry, which widens each row as it reads it (the torch path gathers and widens the whole prefix first).
     """
     if query.device.type == "cpu" and query.dtype == torch.bfloat16 and softcap is None \
             and (native := load_native_kernels()) is not None:
-        out = native.prefill_attention(query.contiguous(), key_cache, value_cache, plan.slots, plan.cache_len, scale,
-                                       plan.window)
+        if isinstance(key_cache, Int8Pages) and isinstance(value_cache, Int8Pages):
+            out = prefill_attention_int8(native, query.contiguous(), key_cache, value_cache, plan.slots,
+                                         plan.cache_len, scale, plan.window)
+        else:
+            out = native.prefill_attention(query.contiguous(), key_cache, value_cache, plan.slots, plan.cache_len,
+                                           scale, plan.window)
         if out is not None:
             return out
     return prefill_attention_torch(query, key_cache, value_cache, plan, scale, softcap)

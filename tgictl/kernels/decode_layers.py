@@ -9,9 +9,10 @@ results bit for bit (tests/unit/runtime/shard/test_plain_layer_stack.py holds it
 It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' range; 5-32 rows where
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
---batch-invariant; the model says whether its layers have the plain shape (Llama's layer: no biases, no q/k norms,
-no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense bf16, int4 tiles
-(--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
+--batch-invariant, over a bf16 or an int8 KV cache (--kv-cache-dtype int8: the int8 store and attention kernels
+the Python layers call on it); the model says whether its layers have the plain shape (Llama's layer: no biases,
+no q/k norms, no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense
+bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
 runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
 table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
 calls the loop saves are worth more than the table's margin).
@@ -28,12 +29,16 @@ from torch import Tensor
 
 from tgictl.errors import InvalidRequestError
 from tgictl.kernels.batch_invariance import batch_invariant
+from tgictl.kernels.kv_pages import Int8Pages, Pages
 from tgictl.kernels.linear import AMX_FIRST_MAX_ROWS, SMALL_LINEAR_MAX_ROWS
 from tgictl.kernels.linear_descriptor import LinearDescriptor, linear_descriptor, runs_many_rows
 from tgictl.kernels.linear_methods import LinearWeight
 from tgictl.kernels.metadata import AttentionMetadata, check_attention_inputs
 from tgictl.kernels.native import load_native_kernels
 from tgictl.kernels.window import windowed
+
+
+_MAX_Q8_HEAD = 512  # csrc/fused_layers.c's MAX_Q8_HEAD: the int8 store's largest head size
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,11 @@ class LayerStack:
             descriptors.extend(d for d in found if d is not None)
         return cls(shape, layers, descriptors) if layers else None
 
-    def cache_pointers(self, caches: Sequence[tuple[Tensor, Tensor]]) -> ctypes.Array[ctypes.c_void_p]:
-        """Key and value cache pointers per layer, rebuilt only when the cache tensors change (warmup)."""
-        flat = tuple(t for pair in caches for t in pair)
+    def cache_pointers(self, caches: Sequence[tuple[Pages, Pages]]) -> ctypes.Array[ctypes.c_void_p]:
+        """Key and value cache pointers per layer (int8: values and scales of each), rebuilt only when the cache
+        tensors change (warmup)."""
+        flat = tuple(t for pair in caches for pages in pair
+                     for t in ((pages.values, pages.scales) if isinstance(pages, Int8Pages) else (pages,)))
         if self._caches is None or len(self._caches[0]) != len(flat) \
                 or any(a is not b for a, b in zip(self._caches[0], flat)):
             self._caches = flat, (ctypes.c_void_p * len(flat))(*(t.data_ptr() for t in flat))
@@ -102,7 +109,7 @@ class LayerStack:
 
 
 def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, slots: Tensor,
-                  caches: Sequence[tuple[Tensor, Tensor]], meta: AttentionMetadata,
+                  caches: Sequence[tuple[Pages, Pages]], meta: AttentionMetadata,
                   final_norm: tuple[Tensor, float] | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
     """The stack's first len(caches) layers on a decode step: (hidden, delta, None) after them, as the Python
     layers return them, or None when this step cannot run in the C loop (nothing has been computed then).
@@ -129,7 +136,11 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
             or slots.dtype != torch.int64 or slots.shape != (m,) or not slots.is_contiguous():
         return None
     key_cache, value_cache = caches[0]
-    if key_cache.dtype != torch.bfloat16 or not all(k.is_contiguous() and v.is_contiguous() for k, v in caches) \
+    kv_int8 = isinstance(key_cache, Int8Pages)
+    # every layer's caches in one format: bf16, or int8 with head sizes its store kernel takes (csrc/fused_layers.c)
+    same_format = all(isinstance(pages, Int8Pages) == kv_int8 for pair in caches for pages in pair)
+    if not same_format or (key_cache.dtype != torch.bfloat16 and not (kv_int8 and shape.head_dim <= _MAX_Q8_HEAD)) \
+            or not all(k.is_contiguous() and v.is_contiguous() for k, v in caches) \
             or key_cache.dim() != 4 or key_cache.shape[2] != shape.kv_heads:
         return None
     native = load_native_kernels()
@@ -156,7 +167,7 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
         decode.slots.data_ptr(), decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
         shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale,
         None if normed is None else norm_weight.data_ptr(), norm_eps,  # type: ignore[union-attr]
-        None if normed is None else normed.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+        None if normed is None else normed.data_ptr(), scratch.data_ptr(), torch.get_num_threads(), int(kv_int8))
     if status == -1:  # the refusal the Python path's KV store gives, before anything is written
         raise InvalidRequestError(f"a KV slot lies outside the cache's {num_slots} slots")
     if status != 0:

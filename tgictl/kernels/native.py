@@ -91,10 +91,12 @@ class NativeKernels:
     dpbf16_linear_available: ctypes._CFuncPtr  # type: ignore[name-defined]
     dpbf16_linear_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     # An int8 KV cache (--kv-cache-dtype int8): the rotary + store kernel writing int8 rows and their scales
-    # (csrc/fused_layers.c), decode attention reading them (csrc/decode_attention_q8.c).
+    # (csrc/fused_layers.c), decode attention reading them (csrc/decode_attention_q8.c), prefill attention
+    # widening them as it lays them out (csrc/prefill_attention_bf16.c).
     rotary_store_q8_f32: ctypes._CFuncPtr  # type: ignore[name-defined]
     rotary_store_q8_bf16: ctypes._CFuncPtr  # type: ignore[name-defined]
     decode_q8: ctypes._CFuncPtr  # type: ignore[name-defined]
+    prefill_q8: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def small_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
         """x @ weight.T + bias for a few rows x [m, k] (weight [n, k]); [m, n] in x's dtype.
@@ -221,6 +223,24 @@ def paged_decode_int8(native: NativeKernels, query: Tensor, key_cache: Int8Pages
     return out if status == 0 else None
 
 
+def prefill_attention_int8(native: NativeKernels, query: Tensor, key_cache: Int8Pages, value_cache: Int8Pages,
+                           slots: Tensor, cache_len: int, scale: float, window: int | None = None) -> Tensor | None:
+    """`NativeKernels.prefill_attention` over int8 caches (csrc/prefill_attention_bf16.c's int8 entry): query
+    [new_len, heads, d] bf16, each cached row widened to bf16 as gather_rows does. None where the inputs are not
+    that, the build or shape is not served (no AVX512-BF16, head size not 64 or 128) or memory is refused."""
+    tensors = (query, key_cache.values, key_cache.scales, value_cache.values, value_cache.scales, slots)
+    if query.dtype != torch.bfloat16 or any(t.device.type != "cpu" for t in tensors) \
+            or not all(t.is_contiguous() for t in tensors) or slots.dtype != torch.int64:
+        return None
+    new_len, heads, d = query.shape
+    out = torch.empty_like(query)
+    status = native.prefill_q8(query.data_ptr(), key_cache.values.data_ptr(), key_cache.scales.data_ptr(),
+                               value_cache.values.data_ptr(), value_cache.scales.data_ptr(), slots.data_ptr(),
+                               cache_len, new_len, heads, key_cache.shape[2], d, scale, window or 0, out.data_ptr(),
+                               torch.get_num_threads())
+    return out if status == 0 else None
+
+
 def _bf16_weight_product(kernel: Callable[..., int], x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
     """x [m, k] @ weight.T + bias by a C kernel taking (x, weight, bias, y, m, n, k, threads) on bf16 x and a
     bf16 weight [n, k] on the CPU; None where the inputs are not that or the kernel declines."""
@@ -308,7 +328,7 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_topk_values_f32": ([p, i64, i64, i64, p, c_int], i64),
         "tgictl_decode_layers_scratch": ([i64] * 6, i64),
         "tgictl_decode_layers_bf16": ([i64, p, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64,
-                                       i64, f32, f32, p, f32, p, p, c_int], c_int),
+                                       i64, f32, f32, p, f32, p, p, c_int, c_int], c_int),
         "tgictl_amx_linear_available": ([], c_int),
         "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_prefill_attention_bf16": (prefill, c_int),
@@ -321,6 +341,7 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_rotary_store_q8_bf16": ([p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, c_int], c_int),
         "tgictl_paged_decode_q8": ([p, c_int, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, f32, p, c_int, c_int],
                                    c_int),
+        "tgictl_prefill_attention_q8": ([p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, i64, p, c_int], c_int),
     }
     for name, (argtypes, restype) in kernels.items():
         fn = getattr(library, name)

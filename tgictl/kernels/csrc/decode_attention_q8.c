@@ -41,6 +41,7 @@ typedef struct {
     const int64_t *slots;
     int64_t max_len, heads, kv_heads, d;
     float scale, softcap;
+    const int8_t *query_q8; /* per sequence: query_parts_bytes(heads, d) (quantize_query's parts, sums, scales) */
 } q8_call;
 
 static inline float query_at(const q8_call *a, int64_t index) { return bf16_or_f32_at(a->query, a->query_bf16, index); }
@@ -79,9 +80,14 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* Per task scratch (bytes): q8 [2][heads][d], then floats: qmul [2][heads], m, l, rescale [heads] each,
- * w [heads][16], acc [heads][d]; qsum [2][heads] int32. */
-static int64_t q8_scratch_floats(int64_t heads, int64_t d) { return heads * (d / 2 + 7 + KEY_BLOCK + d) + 16; }
+/* Per task scratch (floats): m, rescale [heads] each, w [heads][16], l [heads][16] (each head's running sum
+ * per lane: summed across lanes once, at the chunk's end, not per block), acc [heads][d]. */
+static int64_t q8_scratch_floats(int64_t heads, int64_t d) { return heads * (2 + 2 * KEY_BLOCK + d) + 16; }
+
+/* One sequence's quantized query (quantize_query), computed once before its chunks' tasks (every chunk of a
+ * sequence uses the same: per chunk it took ~20% of the kernel at 8k cached, 16 chunks a sequence): q8 [2][heads][d]
+ * bytes, then qsum [2][heads] int32, then qmul [2][heads] float. */
+static int64_t query_parts_bytes(int64_t heads, int64_t d) { return 2 * heads * d + 16 * heads; }
 
 /* The query of every head as two int8 parts: q8 [0][x] = rint(q / s) with s = amax / 127, q8 [1][x] the rounding
  * error in steps of s / 254 (|error| <= s / 2, so it fits in +-127); qsum [part][x] the bytes' sums, qmul [part][x]
@@ -115,10 +121,37 @@ static void quantize_query(const q8_call *a, int64_t seq, int8_t *q8, int32_t *q
     }
 }
 
+/* The 16 keys' bf16 scales of KV head h as float32. The keys of a block usually sit in consecutive slots (one
+ * page of 16, or two pages' runs): their scales are then 16 kv_heads-strided values of one stretch, picked out of
+ * (at most) 64 bf16 by two masked loads and one permute instead of 16 scalar loads; otherwise one at a time. */
 static inline __m512 gather_scales(const uint16_t *scales, const int64_t *slots, int64_t kv_heads, int64_t h) {
+    if (kv_heads <= 4 && slots[KEY_BLOCK - 1] - slots[0] == KEY_BLOCK - 1) {
+        int consecutive = 1;
+        for (int j = 1; j < KEY_BLOCK; j++) consecutive &= slots[j] == slots[0] + j;
+        if (consecutive) {
+            const int64_t count = KEY_BLOCK * kv_heads, high = count > 32 ? count - 32 : 0; /* bf16 values */
+            const uint16_t *from = scales + slots[0] * kv_heads;
+            const __m512i low_half = _mm512_maskz_loadu_epi16((__mmask32)((1ull << (count - high)) - 1ull), from);
+            const __m512i high_half = _mm512_maskz_loadu_epi16((__mmask32)((1ull << high) - 1ull), from + 32);
+            const __m512i index = _mm512_add_epi16(_mm512_mullo_epi16(
+                _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11,
+                                 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi16((short)kv_heads)),
+                _mm512_set1_epi16((short)h));
+            const __m256i picked = _mm512_castsi512_si256(_mm512_permutex2var_epi16(low_half, index, high_half));
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(picked), 16));
+        }
+    }
     float s[KEY_BLOCK];
     for (int j = 0; j < KEY_BLOCK; j++) s[j] = bf16_to_float(scales[slots[j] * kv_heads + h]);
     return _mm512_loadu_ps(s);
+}
+
+/* acc + the products of a's unsigned bytes and the signed bytes of the 32-bit value at b, broadcast to every lane
+ * by the instruction itself ({1to16}): the compiler emitted a separate broadcast per product (a third of the
+ * scores' instructions). */
+static inline __m512i dpbusd_broadcast(__m512i acc, __m512i a, const int32_t *b) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*b));
+    return acc;
 }
 
 /* The scores of KV head h's G query heads for one block of 16 keys (rows at `sl`) into w [G][16], before the
@@ -140,8 +173,8 @@ static inline __attribute__((always_inline)) void block_scores(
             const int32_t *qd = (const int32_t *)(q8 + (h * G + g) * d + 64 * part);
             const int32_t *qd_lo = (const int32_t *)(q8 + (lo + h * G + g) * d + 64 * part);
             for (int p = 0; p < 16; p++) {
-                dot[g][0] = _mm512_dpbusd_epi32(dot[g][0], c[p], _mm512_set1_epi32(qd[p]));
-                dot[g][1] = _mm512_dpbusd_epi32(dot[g][1], c[p], _mm512_set1_epi32(qd_lo[p]));
+                dot[g][0] = dpbusd_broadcast(dot[g][0], c[p], qd + p);
+                dot[g][1] = dpbusd_broadcast(dot[g][1], c[p], qd_lo + p);
             }
         }
     }
@@ -222,15 +255,13 @@ static inline int64_t even16_order(int64_t j) {
 static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int64_t seq, int64_t t0, int64_t len,
                                                           float *scratch, float *out, const int G, const int V) {
     const int64_t d = 16 * V, heads = a->heads, kv_heads = a->kv_heads, row = kv_heads * d;
-    int8_t *q8 = (int8_t *)scratch;
-    float *qmul = scratch + heads * d / 2, *m = qmul + 2 * heads, *l = m + heads, *rescale = l + heads;
-    float *w = rescale + heads, *acc = w + heads * KEY_BLOCK;
-    int32_t *qsum = (int32_t *)(acc + heads * d);
-    quantize_query(a, seq, q8, qsum, qmul);
-    for (int64_t x = 0; x < heads; x++) {
-        m[x] = -INFINITY;
-        l[x] = 0.0f;
-    }
+    const int8_t *q8 = a->query_q8 + seq * query_parts_bytes(heads, d);
+    const int32_t *qsum = (const int32_t *)(q8 + 2 * heads * d);
+    const float *qmul = (const float *)(qsum + 2 * heads);
+    float *m = scratch, *rescale = m + heads, *w = rescale + heads, *l = w + heads * KEY_BLOCK;
+    float *acc = l + heads * KEY_BLOCK;
+    for (int64_t x = 0; x < heads; x++) m[x] = -INFINITY;
+    memset(l, 0, sizeof(float) * (size_t)(heads * KEY_BLOCK));
     memset(acc, 0, sizeof(float) * (size_t)(heads * d));
     const int64_t *slots = a->slots + seq * a->max_len + t0;
     const int64_t window = read_ahead_keys(row, KEY_BLOCK);
@@ -249,7 +280,8 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
                 const float top = fmaxf(m[x], _mm512_mask_reduce_max_ps(valid, s));
                 rescale[x] = running_rescale(m[x], top);
                 const __m512 e = _mm512_maskz_mov_ps(valid, exp_nonpositive_v(_mm512_sub_ps(s, _mm512_set1_ps(top))));
-                l[x] = l[x] * rescale[x] + _mm512_reduce_add_ps(e);
+                float *lx = l + x * KEY_BLOCK;
+                _mm512_storeu_ps(lx, _mm512_fmadd_ps(_mm512_loadu_ps(lx), _mm512_set1_ps(rescale[x]), e));
                 m[x] = top;
                 _mm512_storeu_ps(w + x * KEY_BLOCK, _mm512_mul_ps(e, sv));
             }
@@ -258,7 +290,7 @@ static inline __attribute__((always_inline)) void chunk_q8(const q8_call *a, int
     }
     for (int64_t x = 0; x < heads; x++) {
         out[x * (d + 2)] = m[x];
-        out[x * (d + 2) + 1] = l[x];
+        out[x * (d + 2) + 1] = _mm512_reduce_add_ps(_mm512_loadu_ps(l + x * KEY_BLOCK));
         for (int64_t j = 0; j < d; j++) out[x * (d + 2) + 2 + j] = acc[x * d + even16_order(j)];
     }
 }
@@ -348,12 +380,24 @@ int tgictl_paged_decode_q8(const void *query, int query_bf16, const int8_t *key_
                            const int8_t *value_cache, const uint16_t *value_scales, const int64_t *slots,
                            const int64_t *context_lens, int64_t n, int64_t max_len, int64_t heads, int64_t kv_heads,
                            int64_t d, float scale, float softcap, void *out, int threads, int portable) {
-    const q8_call call = {query, query_bf16, key_cache, value_cache, key_scales, value_scales, slots, max_len, heads,
-                          kv_heads, d, scale, softcap};
+    q8_call call = {query, query_bf16, key_cache, value_cache, key_scales, value_scales, slots, max_len, heads,
+                    kv_heads, d, scale, softcap, NULL};
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    if (!portable && (d == 64 || d == 128) && heads % kv_heads == 0 && heads / kv_heads <= MAX_GROUP)
-        return decode_in_chunks(context_lens, n, heads, d, q8_scratch_floats(heads, d), chunk_task_q8, &call, out,
-                                query_bf16, threads);
+    if (!portable && (d == 64 || d == 128) && heads % kv_heads == 0 && heads / kv_heads <= MAX_GROUP) {
+        const int64_t part = query_parts_bytes(heads, d);
+        int8_t *parts = aligned_alloc(64, (size_t)((n * part + 63) / 64 * 64 + 64));
+        if (parts == NULL) return -1;
+        for (int64_t i = 0; i < n; i++) {
+            int8_t *q8 = parts + i * part;
+            int32_t *qsum = (int32_t *)(q8 + 2 * heads * d);
+            quantize_query(&call, i, q8, qsum, (float *)(qsum + 2 * heads));
+        }
+        call.query_q8 = parts;
+        const int status = decode_in_chunks(context_lens, n, heads, d, q8_scratch_floats(heads, d), chunk_task_q8,
+                                            &call, out, query_bf16, threads);
+        free(parts);
+        return status;
+    }
 #endif
     (void)portable;
     return decode_q8_rows(&call, context_lens, n, out, threads);

@@ -15,7 +15,10 @@
  * linears: per layer qkv [(heads + 2 kv_heads) d, H], o [H, heads d], gate_up [2 I, H], down [H, I],
  *          each bf16 rows, int4 tiles (linear_methods/int4.py: packed tiles, bf16 scales and zeros) or int8
  *          rows (linear_methods/int8.py: bf16 scales per row);
- * caches:  per layer, the key then the value cache [num_slots, kv_heads, d];
+ * caches:  per layer, the key then the value cache [num_slots, kv_heads, d] bf16; with kv_int8 (--kv-cache-dtype
+ *          int8) per layer four: key values [num_slots, kv_heads, d] int8, key scales [num_slots, kv_heads]
+ *          bf16, value values, value scales (kv_pages.Int8Pages), stored by tgictl_rotary_store_q8_bf16 and
+ *          read by tgictl_paged_decode_q8, the calls the Python layers make on such a cache;
  * hidden:  [m, H] the residual stream before the first of the layers, overwritten with it after the
  *          last; delta: [m, H] the MLP output still to be added (read when has_delta), overwritten
  *          with the last layer's MLP output;
@@ -43,6 +46,38 @@ int tgictl_paged_decode_bf16(const uint16_t *query, const uint16_t *key_cache, c
                              const int64_t *slots, const int64_t *context_lens, int64_t n, int64_t max_len,
                              int64_t heads, int64_t kv_heads, int64_t d, float scale, float softcap, uint16_t *out,
                              int threads);
+int tgictl_rotary_store_q8_bf16(const uint16_t *qkv, const uint16_t *cos, const uint16_t *sin, const int64_t *slots,
+                                uint16_t *q_out, int8_t *key_cache, uint16_t *key_scales, int8_t *value_cache,
+                                uint16_t *value_scales, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
+                                int64_t num_slots, int threads);
+int tgictl_paged_decode_q8(const void *query, int query_bf16, const int8_t *key_cache, const uint16_t *key_scales,
+                           const int8_t *value_cache, const uint16_t *value_scales, const int64_t *slots,
+                           const int64_t *context_lens, int64_t n, int64_t max_len, int64_t heads, int64_t kv_heads,
+                           int64_t d, float scale, float softcap, void *out, int threads, int portable);
+
+/* One layer's rotary + KV store and decode attention on its caches (2 or 4 pointers, as `caches` above): the
+ * status of the store (0, -1 for a slot outside the cache), or -2 when the attention's scratch was refused. */
+static int store_and_attend(void *const *caches, int kv_int8, const uint16_t *qkv, const uint16_t *cos,
+                            const uint16_t *sin, const int64_t *slots, uint16_t *q, const int64_t *attention_slots,
+                            const int64_t *context_lens, int64_t max_len, int64_t m, int64_t heads, int64_t kv_heads,
+                            int64_t d, int64_t num_slots, float scale, uint16_t *attention, int threads) {
+    if (kv_int8) {
+        int8_t *key_cache = caches[0], *value_cache = caches[2];
+        uint16_t *key_scales = caches[1], *value_scales = caches[3];
+        const int stored = tgictl_rotary_store_q8_bf16(qkv, cos, sin, slots, q, key_cache, key_scales, value_cache,
+                                                       value_scales, m, heads, kv_heads, d, num_slots, threads);
+        if (stored != 0) return stored == -1 ? -1 : -2; /* -2: a head over its limit, which the caller declines */
+        return tgictl_paged_decode_q8(q, 1, key_cache, key_scales, value_cache, value_scales, attention_slots,
+                                      context_lens, m, max_len, heads, kv_heads, d, scale, 0.0f, attention, threads,
+                                      0) != 0 ? -2 : 0;
+    }
+    uint16_t *key_cache = caches[0], *value_cache = caches[1];
+    if (tgictl_rotary_store_bf16(qkv, cos, sin, slots, q, key_cache, value_cache, m, heads, kv_heads, d, num_slots,
+                                 threads) != 0)
+        return -1;
+    return tgictl_paged_decode_bf16(q, key_cache, value_cache, attention_slots, context_lens, m, max_len, heads,
+                                    kv_heads, d, scale, 0.0f, attention, threads) != 0 ? -2 : 0;
+}
 
 enum { QKV, O_PROJ, GATE_UP, DOWN, LINEARS_PER_LAYER };
 
@@ -64,7 +99,7 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
                               const int64_t *attention_slots, const int64_t *context_lens, int64_t max_len, int64_t m,
                               int64_t hidden_size, int64_t heads, int64_t kv_heads, int64_t d, int64_t inter,
                               int64_t num_slots, float eps, float scale, const uint16_t *final_norm,
-                              float final_eps, uint16_t *final_out, void *scratch, int threads) {
+                              float final_eps, uint16_t *final_out, void *scratch, int threads, int kv_int8) {
     const int64_t H = hidden_size, qkv_width = (heads + 2 * kv_heads) * d;
     const int64_t widest = max_i64(qkv_width, 2 * inter);
     uint16_t *other = aligned(scratch), *normed = other + m * H, *attended = normed + m * H, *qkv = attended + m * H;
@@ -75,7 +110,6 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
     for (int64_t layer = 0; layer < layers; layer++) {
         const void *input_norm = norms[2 * layer], *post_norm = norms[2 * layer + 1];
         const linear_desc *w = linears + layer * LINEARS_PER_LAYER;
-        uint16_t *key_cache = caches[2 * layer], *value_cache = caches[2 * layer + 1];
         uint16_t *next = residual == hidden ? other : hidden;
         if (layer == 0 && !has_delta) {
             tgictl_rmsnorm_bf16(residual, NULL, NULL, input_norm, normed, m, H, eps, threads);
@@ -85,12 +119,11 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
             next = residual == hidden ? other : hidden;
         }
         if (linear_by_desc(&w[QKV], normed, qkv, m, qkv_width, H, x32, y32, threads) != 0) return -2;
-        if (tgictl_rotary_store_bf16(qkv, cos, sin, slots, q, key_cache, value_cache, m, heads, kv_heads, d,
-                                     num_slots, threads) != 0)
-            return -1; /* the slots are every layer's: only the first can refuse them */
-        if (tgictl_paged_decode_bf16(q, key_cache, value_cache, attention_slots, context_lens, m, max_len, heads,
-                                     kv_heads, d, scale, 0.0f, attention, threads) != 0)
-            return -2;
+        /* the slots are every layer's: only the first can refuse them (-1) */
+        const int attended_status = store_and_attend(caches + (kv_int8 ? 4 : 2) * layer, kv_int8, qkv, cos, sin,
+                                                     slots, q, attention_slots, context_lens, max_len, m, heads,
+                                                     kv_heads, d, num_slots, scale, attention, threads);
+        if (attended_status != 0) return attended_status;
         if (linear_by_desc(&w[O_PROJ], attention, attended, m, H, heads * d, x32, y32, threads) != 0) return -2;
         tgictl_rmsnorm_bf16(residual, attended, next, post_norm, normed, m, H, eps, threads);
         residual = next;

@@ -24,6 +24,7 @@ from shard_helpers import (
 )
 
 from tgictl.kernels.decode_layers import decode_layers
+from tgictl.kernels.kv_pages import Int8Pages
 from tgictl.kernels.linear_methods import Int4Weight, Int8Weight, dispatch
 from tgictl.kernels.metadata import AttentionMetadata
 from tgictl.kernels.native import cpu_flags
@@ -86,7 +87,10 @@ def _compare(compiled: ModelRunner, reference: ModelRunner, rows: int, monkeypat
         assert ours.logprobs(rid) == theirs.logprobs(rid)  # float equality: the same logits
     for layer in range(compiled.kv_cache.num_layers):
         for a, b in zip(compiled.kv_cache.layer(layer), reference.kv_cache.layer(layer)):
-            assert torch.equal(a, b)
+            if isinstance(a, Int8Pages):
+                assert torch.equal(a.values, b.values) and torch.equal(a.scales, b.scales)
+            else:
+                assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17, 33])
@@ -95,6 +99,16 @@ def test_the_compiled_layers_equal_the_python_layers_bit_for_bit(
 ) -> None:
     _compare(make_runner(model_dir, dtype=torch.bfloat16), make_runner(model_dir, dtype=torch.bfloat16), rows,
              monkeypatch)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_an_int8_kv_cache_runs_in_the_loop_as_the_python_layers_do(
+    model_dir: Path, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--kv-cache-dtype int8: the loop stores rows and scales and attends over them with the kernels the Python
+    layers call on that cache (head size 64: the VNNI kernel; 16: its portable loop), so the same bits."""
+    _compare(make_runner(model_dir, dtype=torch.bfloat16, kv_cache_dtype="int8"),
+             make_runner(model_dir, dtype=torch.bfloat16, kv_cache_dtype="int8"), rows, monkeypatch)
 
 
 def _native_kernels_only(monkeypatch: pytest.MonkeyPatch) -> None:
