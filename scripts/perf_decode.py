@@ -51,7 +51,6 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
     out = []
     for r in range(batch):
         blocks = tuple(range(1 + r * per, 1 + (r + 1) * per))
-        slots = tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(context + new_tokens))
         ids = tuple(torch.randint(0, vocab, (context,), generator=gen).tolist())
         out.append(
             Request(
@@ -60,7 +59,6 @@ def _requests(batch: int, context: int, new_tokens: int, vocab: int) -> tuple[Re
                 sampling=SamplingParams(),
                 stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True),
                 blocks=blocks,
-                slots=slots,
             )
         )
     return tuple(out)
@@ -100,8 +98,7 @@ def _prefill_seconds(runner: ModelRunner, prompt: list[int], vocab: int) -> floa
     first = runner.kv_cache.num_blocks - -(-(len(prompt) + 1) // BLOCK)
     blocks = tuple(range(first, runner.kv_cache.num_blocks))
     request = Request(id=10**6, input_ids=tuple(prompt), sampling=SamplingParams(),
-                      stopping=StoppingParams(max_new_tokens=2, ignore_eos=True), blocks=blocks,
-                      slots=tuple(blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(len(prompt) + 1)))
+                      stopping=StoppingParams(max_new_tokens=2, ignore_eos=True), blocks=blocks)
     part = ShardBatch.from_batch(Batch(id=10**6, requests=(request,)), block_size=BLOCK,
                                  num_blocks=runner.kv_cache.num_blocks, vocab_size=vocab, device=torch.device("cpu"))
     start = time.perf_counter()
@@ -246,7 +243,7 @@ def main() -> None:
     # bare forward: metadata built once, outside the timing; same cache and context length
     ctx = batch.rows[0].cache_len
     tables = [row.request.blocks for row in batch.rows]
-    slots = torch.tensor([row.request.slots[ctx] for row in batch.rows])
+    slots = torch.tensor([row.request.blocks[ctx // BLOCK] * BLOCK + ctx % BLOCK for row in batch.rows])
     ids = torch.randint(0, vocab, (args.batch,))
     meta = build_attention_metadata([ctx] * args.batch, [1] * args.batch, [list(t) for t in tables], BLOCK, "cpu")
     positions = torch.full((args.batch,), ctx, dtype=torch.int64)
