@@ -343,7 +343,7 @@ int tgictl_qlinear_gguf_bf16(int type, const uint16_t *x, const uint8_t *w, int6
 #if defined(__AVX512BF16__)
     if (type < 0 || type >= NUM_TYPES || k % QK != 0) return -1;
     /* Q6_K at 1-4 rows: straight from the blocks, without the bf16 strip (gguf_q6_k_rows.c) */
-    if (DECODERS[type] == decode_q6_k && m <= 4 && tgictl_qlinear_q6_k_rows_bf16(x, w, row_bytes, bias, y, m, n, k, threads) == 0)
+    if (DECODERS[type] == decode_q6_k && tgictl_qlinear_q6_k_rows_bf16(x, w, row_bytes, bias, y, m, n, k, threads) == 0)
         return 0;
     const struct gguf_rows rows = {type, w, row_bytes};
     if (tgictl_amx_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads) == 0) return 0;

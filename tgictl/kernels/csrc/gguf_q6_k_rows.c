@@ -35,7 +35,7 @@
 #define Q6_K_BYTES 210
 #define SUBS 16              /* sub-blocks of 16 weights per block */
 #define PASS_ROWS 4          /* input rows per pass over a weight row */
-#define MAX_ROWS 16
+#define MAX_ROWS 4 /* from 5 rows the many-row strips (decoded once per call, gguf_linear.c) are as fast or faster */
 #define PREFETCH_BYTES 4096  /* ahead of the weight stream, within the thread's contiguous range of rows */
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
