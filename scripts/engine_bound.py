@@ -1,14 +1,14 @@
 """How close the shard's decode step comes to this machine's limit.
 
     python scripts/engine_bound.py [--batch 1,16] [--context 256] [--dtype bfloat16] [--threads 2]
-        [--kv-cache-dtype auto|int8] [--model-dir DIR] [--markdown-out FILE]
+        [--kv-cache-dtype auto|int8] [--model-dir DIR | FILE.gguf] [--markdown-out FILE]
 
 Measures the DRAM read bandwidth (a sum over a tensor far larger than the caches) and the GEMM rate
 (square matmuls at 2048, the best the cores reach: torch's in the dtype, or in float32 where that is
 faster, since a CPU without bf16 math multiplies bf16 at most at its float32 FMA rate (AVX2: torch's bf16
 matmul is a generic loop there); and the model's own projections at `--batch` rows, through the shard's
 linear), computes the step's bound from them (tgictl/runtime/profile/step_bound.py: the bytes
-it must stream and the FLOPs it must do), then times the real served step (ModelRunner.generate_token
+it must stream and the FLOPs it must do; for a GGUF file, its tensors' bytes), then times the real served step (ModelRunner.generate_token
 on a decode batch, scripts/perf_decode.py's setup) and prints the ratio bound / measured, for each --batch size
 (one markdown row each: weights and KV bytes per step, the bound, the measured step).
 Not a test: figures depend on the machine and its load (printed with them).
@@ -33,6 +33,9 @@ from perf_decode import DEFAULT_MODEL, decode_batch  # noqa: E402
 from tgictl.env import apply_shard_library_defaults  # noqa: E402
 from tgictl.kv_cache_dtype import KV_CACHE_DTYPES  # noqa: E402
 from tgictl.kernels.linear import linear  # noqa: E402
+from tgictl.runtime.gguf_reader import read_gguf  # noqa: E402
+from tgictl.runtime.model_files.gguf_model import is_gguf_path, served_gguf_file  # noqa: E402
+from tgictl.runtime.model_files.resolve import resolve_model  # noqa: E402
 from tgictl.runtime.profile.model_shape import ModelShape, model_shape  # noqa: E402
 from tgictl.runtime.profile.hardware import measure_matmul_flops  # noqa: E402
 from tgictl.runtime.profile.step_bound import decode_step_bound  # noqa: E402
@@ -87,6 +90,10 @@ def main() -> None:
     parser.add_argument("--markdown-out", type=Path, default=None)
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
+    if is_gguf_path(args.model_dir):  # served natively from its metadata directory, as `tgictl launch` does
+        args.model_dir = resolve_model(str(args.model_dir), allow_download=False)
+    gguf = served_gguf_file(args.model_dir)
+    gguf_bytes = None if gguf is None else sum(t.nbytes for t in read_gguf(gguf).tensors.values())
     apply_shard_library_defaults()  # the shard's huge pages and oneDNN cache, before the first big allocation
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,10 +112,10 @@ def main() -> None:
         at_batch = model_gemm_rate(shape, batch, dtype)
         bound = decode_step_bound(shape, batch=batch, context=args.context, dtype_bytes=dtype.itemsize,
                                   bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=peak,
-                                  kv_cache_dtype=args.kv_cache_dtype)
+                                  kv_cache_dtype=args.kv_cache_dtype, weight_bytes=gguf_bytes)
         at_shapes = decode_step_bound(shape, batch=batch, context=args.context, dtype_bytes=dtype.itemsize,
                                       bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=at_batch,
-                                      kv_cache_dtype=args.kv_cache_dtype)
+                                      kv_cache_dtype=args.kv_cache_dtype, weight_bytes=gguf_bytes)
         step = measured_step(args, dtype, batch)
         print(f"step of {batch} x {args.context} cached: streams {bound.weight_bytes / 1e6:.0f} MB weights + "
               f"{bound.kv_bytes / 1e6:.0f} MB KV -> {bound.memory_s * 1e3:.1f} ms; "
@@ -124,7 +131,8 @@ def main() -> None:
     machine = (f"{torch.get_num_threads()} threads, load {load:.2f}; DRAM read {bandwidth / 1e9:.1f} GB/s; "
                f"{args.dtype} GEMM {in_dtype / 1e9:.0f} GFLOP/s at 2048^3 (float32 {in_float32 / 1e9:.0f}; the peak "
                f"taken: {peak / 1e9:.0f})")
-    table = f"{args.model_dir.name}, {args.dtype}: {machine}\n\n" + "\n".join(rows) + "\n"
+    source = "" if gguf is None else f" (GGUF {gguf.resolve().name}: its {gguf_bytes / 1e6:.0f} MB of tensors streamed)"
+    table = f"{args.model_dir.name}{source}, {args.dtype}: {machine}\n\n" + "\n".join(rows) + "\n"
     print(table)
     if args.markdown_out is not None:
         args.markdown_out.write_text(table)

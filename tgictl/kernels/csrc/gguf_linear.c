@@ -291,9 +291,12 @@ int tgictl_qlinear_gguf(int type, const float *x, const uint8_t *w, int64_t row_
 }
 
 #if defined(__AVX512BF16__)
+void tgictl_q6_k_decode_row_bf16(const uint8_t *src, uint16_t *dst, int64_t k); /* gguf_q6_k_rows.c */
+
 /* One weight row as bf16 for the many-row products (decoded_linear.h): Q8_0 by vectors (32 int8 -> two
- * float32 vectors times the block scale -> 32 bf16), the other types through their float32 decoder and a
- * vector rounding. Rounded to nearest even, as torch's bf16 conversion. */
+ * float32 vectors times the block scale -> 32 bf16), Q6_K by its vector decoder (gguf_q6_k_rows.c), the other
+ * types through their float32 decoder and a vector rounding. Rounded to nearest even, as torch's bf16
+ * conversion. */
 static void decode_row_bf16(int type, const uint8_t *src, float *row_f32, uint16_t *dst, int64_t k) {
     if (DECODERS[type] == decode_q8_0) {
         for (int64_t b = 0; b < k / QK; b++, src += Q8_0_BYTES) {
@@ -302,6 +305,10 @@ static void decode_row_bf16(int type, const uint8_t *src, float *row_f32, uint16
             const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 18)))));
             _mm512_storeu_si512(dst + b * QK, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
+        return;
+    }
+    if (DECODERS[type] == decode_q6_k) {
+        tgictl_q6_k_decode_row_bf16(src, dst, k);
         return;
     }
     DECODERS[type](src, row_f32, k);
@@ -324,14 +331,20 @@ static void decode_gguf_strip(const void *source, int64_t row0, int rows, int64_
 #endif
 
 /* Many bf16 rows (prefill, decode batches) by the many-row products (decoded_linear.h): AMX (any row count),
- * else AVX512-BF16 (1-32 rows); each strip of weight rows is decoded once per call into bf16 (the thread's
- * buffer, in L2): the weights stay in their blocks in memory. x [m, k] bf16, y [m, n] bf16, bias [n] float32
+ * else AVX512-BF16 (1-32 rows); Q6_K's 1-4 rows by its own kernel (gguf_q6_k_rows.c). Each strip of weight
+ * rows is decoded once per call into bf16 (the thread's buffer, in L2): the weights stay in their blocks in memory. x [m, k] bf16, y [m, n] bf16, bias [n] float32
  * or NULL; k a multiple of 32. Returns 0, or -1 where neither takes the call, the type is unknown or scratch
  * is refused. */
+int tgictl_qlinear_q6_k_rows_bf16(const uint16_t *x, const uint8_t *w, int64_t row_bytes, const float *bias,
+                                  uint16_t *y, int64_t m, int64_t n, int64_t k, int threads); /* gguf_q6_k_rows.c */
+
 int tgictl_qlinear_gguf_bf16(int type, const uint16_t *x, const uint8_t *w, int64_t row_bytes, const float *bias,
                              uint16_t *y, int64_t m, int64_t n, int64_t k, int threads) {
 #if defined(__AVX512BF16__)
     if (type < 0 || type >= NUM_TYPES || k % QK != 0) return -1;
+    /* Q6_K at 1-4 rows: straight from the blocks, without the bf16 strip (gguf_q6_k_rows.c) */
+    if (DECODERS[type] == decode_q6_k && tgictl_qlinear_q6_k_rows_bf16(x, w, row_bytes, bias, y, m, n, k, threads) == 0)
+        return 0;
     const struct gguf_rows rows = {type, w, row_bytes};
     if (tgictl_amx_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads) == 0) return 0;
     return tgictl_dpbf16_decoded_linear(x, NULL, decode_gguf_strip, &rows, bias, y, m, n, k, threads);

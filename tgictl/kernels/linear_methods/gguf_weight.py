@@ -80,10 +80,17 @@ class GGUFWeight(LinearWeight):
 
 
 def _native_gguf(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor | None:
+    """The float32 kernel (csrc/gguf_linear.c), but bf16 rows of Q6_K go to the VDPBF16PS kernel on its blocks
+    where it is built (csrc/gguf_q6_k_rows.c): the float32 kernel decodes Q6_K one weight at a time, ~12x slower
+    on a 1B model's tied LM head (128256 x 2048, 215 MB) at one row."""
     assert isinstance(weight, GGUFWeight)
     kernels = quant_kernels()
     if kernels is None:
         return None
+    if weight.block_type.name == "Q6_K" and x.dtype == torch.bfloat16 and kernels.q6_k_rows_built:
+        out = _native_gguf_bf16(weight, x, bias)
+        if out is not None:
+            return out
     return kernels.gguf_linear(x, weight.data, weight.block_type.native_id, weight.in_features, bias)
 
 

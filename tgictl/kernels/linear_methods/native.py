@@ -43,6 +43,7 @@ class QuantKernels:
     gguf: CFunction
     gguf_decode: CFunction
     gguf_bf16: CFunction
+    q6_k_rows_bf16_available: CFunction
 
     def int8_linear(self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
         """x [m, k] @ (qweight [n, k] int8 * scales [n])^T + bias -> [m, n] in x's dtype."""
@@ -106,6 +107,11 @@ class QuantKernels:
         """Whether this build has csrc/int4_rows_bf16.c's kernel (asked once: int4_linear is on the hot path)."""
         return bool(self.int4_rows_bf16_available())
 
+    @functools.cached_property
+    def q6_k_rows_built(self) -> bool:
+        """Whether this build has csrc/gguf_q6_k_rows.c's kernel (Q6_K at 1-4 bf16 rows, AVX512-BF16)."""
+        return bool(self.q6_k_rows_bf16_available())
+
     @property
     def int4_bf16_instructions(self) -> str:
         """What int4_bf16_linear multiplies with on this CPU and build: "amx", "avx512-bf16" or "none"."""
@@ -158,6 +164,7 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
         "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_gguf_dequantize": ([c_int, p, i64, p, i64, i64, c_int], c_int),
         "tgictl_qlinear_gguf_bf16": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_q6_k_rows_bf16_available": ([], c_int),
     }
     functions = []
     for name, (argtypes, restype) in signatures.items():

@@ -42,10 +42,11 @@ def streamed_weight_parameters(shape: ModelShape) -> int:
 
 def decode_step_bound(shape: ModelShape, *, batch: int, context: int, dtype_bytes: int,
                       bandwidth_bytes_per_s: float, gemm_flops_per_s: float,
-                      kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE) -> StepBound:
+                      kv_cache_dtype: str = DEFAULT_KV_CACHE_DTYPE, weight_bytes: int | None = None) -> StepBound:
     """The bound of one decode step of `batch` rows over `context` cached tokens each (weights in a
     `dtype_bytes`-wide type, the KV cache in `kv_cache_dtype`'s format: auto is the weights' type, int8 a byte
-    per value and a scale per token and head), given the measured bandwidth and GEMM rate."""
+    per value and a scale per token and head), given the measured bandwidth and GEMM rate. `weight_bytes`: the
+    bytes the weights stream when they are not dense (a GGUF file's tensors); dtype_bytes still sizes the KV."""
     if batch < 1 or context < 0 or dtype_bytes < 1 or bandwidth_bytes_per_s <= 0 or gemm_flops_per_s <= 0:
         raise ValueError("batch >= 1, context >= 0, dtype_bytes >= 1 and positive rates are required")
     weights = streamed_weight_parameters(shape)
@@ -54,11 +55,12 @@ def decode_step_bound(shape: ModelShape, *, batch: int, context: int, dtype_byte
     kv_bytes = batch * context * kv_token
     gemm_flops = 2 * batch * weights
     attention_flops = batch * shape.num_layers * 2 * 2 * shape.num_heads * shape.head_dim * context
+    streamed = weights * dtype_bytes if weight_bytes is None else weight_bytes
     return StepBound(
-        weight_bytes=weights * dtype_bytes,
+        weight_bytes=streamed,
         kv_bytes=kv_bytes,
         gemm_flops=gemm_flops,
         attention_flops=attention_flops,
-        memory_s=(weights * dtype_bytes + kv_bytes) / bandwidth_bytes_per_s,
+        memory_s=(streamed + kv_bytes) / bandwidth_bytes_per_s,
         compute_s=(gemm_flops + attention_flops) / gemm_flops_per_s,
     )

@@ -53,3 +53,13 @@ def test_impossible_inputs_are_refused(change: dict[str, float]) -> None:
     args = {"batch": 1, "context": 0, "dtype_bytes": 2, "bandwidth_bytes_per_s": 1e9, "gemm_flops_per_s": 1e9}
     with pytest.raises(ValueError):
         decode_step_bound(SMOLLM2, **{**args, **change})  # type: ignore[arg-type]
+
+
+def test_a_gguf_file_streams_its_tensor_bytes_and_keeps_its_kv_in_the_serving_dtype() -> None:
+    dense = decode_step_bound(SMOLLM2, batch=1, context=256, dtype_bytes=2, bandwidth_bytes_per_s=28e9,
+                              gemm_flops_per_s=1.0e12)
+    gguf = decode_step_bound(SMOLLM2, batch=1, context=256, dtype_bytes=2, bandwidth_bytes_per_s=28e9,
+                             gemm_flops_per_s=1.0e12, weight_bytes=92_000_000)
+    assert gguf.weight_bytes == 92_000_000 and gguf.kv_bytes == dense.kv_bytes
+    assert gguf.memory_s == pytest.approx((92_000_000 + dense.kv_bytes) / 28e9)
+    assert gguf.gemm_flops == dense.gemm_flops  # the same products, on fewer bytes
