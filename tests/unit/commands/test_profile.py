@@ -86,6 +86,7 @@ def test_report_for_two_described_gpus(model_dir: Path) -> None:
         "kv_bytes_per_token_per_shard": 128,  # 2 · 2 layers · 1 kv head · 16 · 2 bytes
         "kv_bytes_per_block_per_shard": 2048,
         "windowed_kv_bytes_per_token_per_shard": 128,  # no sliding windows
+        "pooled_kv_bytes_per_token_per_shard": 128,  # one layer group: the pool keeps what every layer needs
         "activation_bytes_per_token_per_shard": 640,  # (2·64 + 3·64) · 2
         "device_flops": 242e12,  # 2 × 121 TFLOP/s
         "max_batch_prefill_tokens": 256,  # 242e12 / 163840 ≫ max_position_embeddings 256
