@@ -3,7 +3,7 @@
     python scripts/bench_1b.py \\
         [--model ~/.cache/tgictl/bench-models/llama-3.2-1b] [--servers tgictl,tgictl-gguf,vllm,llama-server]
         [--clients 1,16] [--input-len 64] [--output-len 16] [--vllm-python PATH]
-        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--markdown-out table.md]
+        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--runs 3] [--markdown-out table.md]
 
 `--model` is a directory written by scripts/make_bench_models.py: `hf/` (random weights of the real model's
 shape, bf16) and one 4-bit GGUF made from it by llama.cpp's converter and quantizer. The servers, one at a time,
@@ -20,8 +20,10 @@ For each server and each client count N: N * requests-per-client random prompts 
 (fresh per load, so no prompt cache hits) on /v1/completions, streamed, greedy, `ignore_eos`, --output-len tokens
 each. Figures: generated tokens/s over the load, TTFT p50, ITL p50 (the median over requests of
 (end - first token) / (tokens - 1): servers that stream several tokens per event have no per-token gaps), and the
-server's resident memory (every process in its process group, /proc VmRSS) after the load. One run: a shared
-machine moves absolute figures by tens of percent; the ratios beside them are measured minutes apart.
+server's resident memory (every process in its process group, /proc VmRSS) after the load. A shared machine moves
+absolute figures by tens of percent; the ratios beside them are measured minutes apart. With --runs N every server
+(and llama-bench) runs N rounds, one after another in the same order: the table gives each figure's median over the
+rounds and each ratio's median over the N in-round ratios (a ratio is never taken across rounds).
 """
 
 from __future__ import annotations
@@ -57,12 +59,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache/llamacpp/bin")
     parser.add_argument("--tgictl-args", default="", help="extra `tgictl launch` arguments for the tgictl rows")
     parser.add_argument("--no-llama-bench", action="store_true")
+    parser.add_argument("--runs", type=int, default=1, help="rounds of every server; the table gives medians")
     parser.add_argument("--markdown-out", type=Path, default=None)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     args.client_counts = [int(c) for c in args.clients.split(",")]
-    if min(args.client_counts) < 1 or min(args.requests_per_client, args.input_len, args.output_len) < 1:
-        parser.error("--clients, --requests-per-client, --input-len and --output-len must be >= 1")
+    if min(args.client_counts) < 1 or min(args.requests_per_client, args.input_len, args.output_len, args.runs) < 1:
+        parser.error("--clients, --requests-per-client, --input-len, --output-len and --runs must be >= 1")
     ggufs = sorted(args.model.glob("*.gguf"))
     if not (args.model / "hf").is_dir() or not ggufs:
         parser.error(f"--model {args.model}: expected hf/ and a .gguf (scripts/make_bench_models.py writes them)")
@@ -159,32 +162,63 @@ def llama_bench(args: argparse.Namespace) -> dict[str, float]:
     return rates
 
 
-def markdown(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]],
-             raw: dict[str, float] | None) -> str:
-    peers = {"tgictl": "vllm", "tgictl-kv8": "tgictl", "tgictl-gguf": "llama-server", "tgictl-q8": "vllm",
-             "tgictl-q4": "llama-server"}
+Rounds = list[dict[str, dict[str, dict[str, float]]]]  # per round: server -> client count -> figure -> value
+PEERS = {"tgictl": "vllm", "tgictl-kv8": "tgictl", "tgictl-gguf": "llama-server", "tgictl-q8": "vllm",
+         "tgictl-q4": "llama-server"}
+
+
+def median_over(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def median_figures(rounds: Rounds) -> dict[str, dict[str, dict[str, float]]]:
+    """Each server's figures, each one the median over the rounds that measured it."""
+    merged: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for results in rounds:
+        for name, per_clients in results.items():
+            for clients, figures in per_clients.items():
+                for key, value in figures.items():
+                    merged.setdefault(name, {}).setdefault(clients, {}).setdefault(key, []).append(value)
+    return {name: {clients: {key: median_over(values) for key, values in figures.items()}
+                   for clients, figures in per_clients.items()} for name, per_clients in merged.items()}
+
+
+def median_ratio(rounds: Rounds, name: str, peer: str, clients: str) -> float | None:
+    """The median of `name`'s tok/s over `peer`'s, each ratio taken inside one round."""
+    ratios = [r[name][clients]["tok_s"] / r[peer][clients]["tok_s"] for r in rounds
+              if clients in r.get(name, {}) and clients in r.get(peer, {})]
+    return median_over(ratios) if ratios else None
+
+
+def markdown(args: argparse.Namespace, rounds: Rounds, raws: list[dict[str, float]]) -> str:
+    results = median_figures(rounds)
+    runs = f"median of {len(rounds)} rounds (ratios: median of the in-round ratios)" if len(rounds) > 1 else "one run"
     lines = [f"Model: `{args.model.name}` (hf/ bf16; GGUF `{args.gguf.name}`), prompts of {args.input_len} tokens, "
              f"{args.output_len} generated (ignore_eos), {args.requests_per_client} request(s) per client, "
-             f"{args.threads} threads; tgictl extra args: `{args.tgictl_args or '-'}`.", "",
+             f"{args.threads} threads; tgictl extra args: `{args.tgictl_args or '-'}`; {runs}.", "",
              "| server | clients | tok/s | vs peer | TTFT p50 s | ITL p50 ms | RSS GiB |",
              "|---|---|---|---|---|---|---|"]
     for name, per_clients in results.items():
         for clients, f in per_clients.items():
-            peer = peers.get(name)
-            ratio = (f"{f['tok_s'] / results[peer][clients]['tok_s']:.2f}x {peer}"
-                     if peer in results and clients in results[peer] else "")
-            lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {ratio} | {f['ttft_p50_s']:.2f} | "
+            peer = PEERS.get(name)
+            ratio = median_ratio(rounds, name, peer, clients) if peer else None
+            shown = f"{ratio:.2f}x {peer}" if ratio is not None else ""
+            lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {shown} | {f['ttft_p50_s']:.2f} | "
                          f"{f['itl_p50_s'] * 1e3:.0f} | {f['rss_bytes'] / 2**30:.2f} |")
-    if raw:
-        rates = f"{raw['decode']:.2f} decode, {raw['prefill']:.1f} prefill"
+    if raws:
+        decode = median_over([raw["decode"] for raw in raws])
+        rates = f"{decode:.2f} decode, {median_over([raw['prefill'] for raw in raws]):.1f} prefill"
         lines.append(f"| llama-bench (no HTTP) | 1 | {rates} | | | | |")
-        if "tgictl-gguf" in results and "1" in results["tgictl-gguf"]:
+        paired = [(r["tgictl-gguf"]["1"], raw) for r, raw in zip(rounds, raws) if "1" in r.get("tgictl-gguf", {})]
+        if paired:
             one = results["tgictl-gguf"]["1"]
+            served = median_over([1 / f["itl_p50_s"] / raw["decode"] for f, raw in paired])
+            whole = median_over([f["tok_s"] / raw["decode"] for f, raw in paired])
             # llama-bench's decode rate excludes the prompt; the served decode rate is 1 / ITL (the request's
             # tok/s also pays its TTFT, which --output-len 16 weights heavily): both are shown.
             lines += ["", f"tgictl-gguf at 1 client through HTTP: decode {1 / one['itl_p50_s']:.1f} tok/s "
-                          f"(1 / ITL p50) = {1 / one['itl_p50_s'] / raw['decode']:.2f}x llama-bench's raw decode; "
-                          f"the request's tok/s with its TTFT {one['tok_s'] / raw['decode']:.2f}x."]
+                          f"(1 / ITL p50) = {served:.2f}x llama-bench's raw decode; "
+                          f"the request's tok/s with its TTFT {whole:.2f}x."]
     return "\n".join(lines) + "\n"
 
 
@@ -192,20 +226,25 @@ def main() -> None:
     args = parse_args()
     failed: dict[str, str] = {}
     maker = PromptMaker(load_tokenizer(str(args.model / "hf")))
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for name in args.servers.split(","):
-        try:
-            results[name] = measure(name, args, maker)
-        except SystemExit as failure:  # one server that does not start or fails a request: the rest still run
-            print(f"{name}: no figures ({failure})", flush=True)
-            failed[name] = str(failure)
-    raw = None if args.no_llama_bench else llama_bench(args)
-    table = markdown(args, results, raw) + "".join(f"\n{name}: no figures ({why})\n" for name, why in failed.items())
+    rounds: Rounds = []
+    raws: list[dict[str, float]] = []
+    for round_index in range(args.runs):
+        results: dict[str, dict[str, dict[str, float]]] = {}
+        for name in args.servers.split(","):
+            try:
+                results[name] = measure(name, args, maker)
+            except SystemExit as failure:  # one server that does not start or fails a request: the rest still run
+                print(f"{name} (round {round_index + 1}): no figures ({failure})", flush=True)
+                failed[name] = str(failure)
+        rounds.append(results)
+        if not args.no_llama_bench:
+            raws.append(llama_bench(args))
+    table = markdown(args, rounds, raws) + "".join(f"\n{name}: no figures ({why})\n" for name, why in failed.items())
     print(table)
     if args.markdown_out is not None:
         args.markdown_out.write_text(table)
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps({"results": results, "llama_bench": raw}, indent=2) + "\n")
+        args.json_out.write_text(json.dumps({"rounds": rounds, "llama_bench": raws}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
