@@ -91,7 +91,14 @@ class Weights:
         return self._source.shape(name)
 
     def _convert(self, tensor: Tensor) -> Tensor:
-        return tensor.to(device=self.device, dtype=self.dtype)
+        converted = tensor.to(device=self.device, dtype=self.dtype)
+        # A tensor already in the serving dtype comes back as a view of the file's mapping, and one view keeps the
+        # whole file mapped (and its pages resident) while it lives. Dense serving wants that: its weights are the
+        # mapping, never copied. A quantized model keeps only norms and biases as floats: it copies them and lets
+        # the mapping go, or a 1B checkpoint's 2.4 GB of floats would stay in its memory beside the int8 weights.
+        if self.method.name != "dense" and converted.data_ptr() == tensor.data_ptr():
+            converted = converted.clone()
+        return converted
 
     def get(self, name: str) -> Tensor:
         """The whole tensor (replicated weights: norms, biases of row-parallel layers)."""

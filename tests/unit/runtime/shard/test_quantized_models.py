@@ -104,3 +104,22 @@ def test_gguf_refuses_quantize(tmp_path: Path) -> None:
     model_dir = gguf_model_dir(write_tiny_gguf(tmp_path / "tiny.gguf", "llama"), tmp_path / "cache")
     with pytest.raises(ConfigError, match="--quantize applies to safetensors models; tiny.gguf is a GGUF file"):
         load_model(model_dir, dtype=torch.float32, device=CPU, dist=DistContext.single(), quantize=SPECS["int8"])
+
+
+def _mapped(path: Path) -> bool:
+    """Whether this process maps `path` (a view of a safetensors file keeps the whole file mapped)."""
+    return any(line.rstrip().endswith(str(path)) for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+@pytest.mark.parametrize("label", ["int8", "int4/g32"])
+def test_a_quantized_model_lets_the_checkpoint_go(label: str, make_tiny_model, tmp_path: Path) -> None:
+    """Norms and biases in the checkpoint's own dtype would be views of its mapping and keep all of its floats
+    resident beside the quantized weights; the dense model serves from the mapping itself."""
+    model_dir = Path(shutil.copytree(make_tiny_model("qwen2", **SHAPE), tmp_path / "model"))  # biases too
+    checkpoint = (model_dir / "model.safetensors").resolve()
+    quantized = load_model(model_dir, dtype=torch.float32, device=CPU, dist=DistContext.single(), quantize=SPECS[label])
+    assert not _mapped(checkpoint)
+    assert isinstance(quantized.layers[0].attention.qkv.weight, Int8Weight | Int4Weight)
+    dense = load_model(model_dir, dtype=torch.float32, device=CPU, dist=DistContext.single())
+    assert _mapped(checkpoint)
+    del dense
