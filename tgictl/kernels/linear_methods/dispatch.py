@@ -6,8 +6,8 @@ row counts and writes, for this CPU kind, the fastest per (format, dtype, shape,
 kernel_choices.json next to this file. A call with R rows takes the entry of the largest measured row
 count <= R (the smallest when R is below all). Shapes, CPU kinds or devices the table does not know get
 the default order: up to MATRIX_VECTOR_MAX_ROWS rows the C matrix-vector kernel, then torch's kernel;
-above, the formats' bf16 many-row C kernel first (int4: AMX or AVX512-BF16 on a bf16 copy of each tile,
-faster from 5 rows on SmolLM2's shapes), then the C kernel up to NATIVE_DEFAULT_MAX_ROWS rows, torch's
+above, int8's oneDNN strips first (from 256 rows, without AMX: int8.py), then the formats' bf16 many-row C
+kernel (int4: AMX or AVX512-BF16 on a bf16 copy of each tile, faster from 5 rows on SmolLM2's shapes), then the C kernel up to NATIVE_DEFAULT_MAX_ROWS rows, torch's
 kernel, dequantize-and-matmul; on other devices dequantize-and-matmul. A backend that declines an input
 (another dtype, no compiler, a CPU without bf16 dot products) or that a format lacks passes to the next;
 the reference closes every order.
@@ -40,7 +40,7 @@ MATRIX_VECTOR_MAX_ROWS = 4
 NATIVE_DEFAULT_MAX_ROWS = 16
 CPU_DEFAULT_MATRIX_VECTOR: tuple[str, ...] = ("native", "torch", "native_bf16", "dequant")
 CPU_DEFAULT_FEW_ROWS: tuple[str, ...] = ("native_bf16", "native", "torch", "dequant")
-CPU_DEFAULT_MANY_ROWS: tuple[str, ...] = ("native_bf16", "torch", "dequant", "native")
+CPU_DEFAULT_MANY_ROWS: tuple[str, ...] = ("onednn_strips", "native_bf16", "torch", "dequant", "native")
 DEVICE_DEFAULT: tuple[str, ...] = ("dequant",)
 Table = Mapping[str, Mapping[str, Mapping[int, str]]]  # {cpu kind: {shape key: {rows: backend}}}
 

@@ -192,3 +192,25 @@ def test_native_kernels_decline_what_they_cannot_read() -> None:
     # the format still answers, through the reference
     torch.testing.assert_close(weight(x).float(), x.float() @ weight.dequantize().t(), rtol=2e-3, atol=2e-3)
 
+
+
+@pytest.mark.parametrize("rows", [255, 256, 300])
+def test_int8_prefill_rows_through_onednn_strips(rows: int) -> None:
+    """From 256 bf16 rows (prefill chunks) int8 decodes strips of rows to bf16 for oneDNN's GEMM, except on AMX
+    machines: within the bf16 tolerance of the reference, and the dispatch's choice for shapes the table lacks."""
+    from tgictl.kernels.linear_methods.int8 import ONEDNN_STRIP_ROWS, ONEDNN_STRIPS_MIN_ROWS
+
+    weight = Int8Weight.quantize(_weight(shape=(ONEDNN_STRIP_ROWS + 70, IN)), torch.bfloat16)  # a partial strip
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(rows, IN, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(weight.out_features, generator=generator).to(torch.bfloat16)
+    strips = weight.backends()["onednn_strips"]
+    out = strips(weight, x, bias)
+    if rows < ONEDNN_STRIPS_MIN_ROWS or amx_available():
+        assert out is None
+        return
+    assert out is not None and out.dtype == torch.bfloat16 and out.shape == (rows, weight.out_features)
+    expected = torch.nn.functional.linear(x.float(), weight.dequantize(), bias.float())
+    torch.testing.assert_close(out.float(), expected, **_tolerance(x, weight, bias, torch.bfloat16))
+    assert strips(weight, x.float(), bias.float()) is None  # float32 activations take the other backends
+    assert torch.equal(weight(x, bias), out)
