@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-from bench_common import free_port, managed_server, repo_env, timed_load
+from bench_common import ServerSpec, free_port, managed_server, server_command, timed_load, tree_rss_bytes
 
 from tgictl.runtime.bench.client import ApiSettings
 from tgictl.runtime.bench.load_test import load_tokenizer
@@ -76,65 +74,16 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-# tgictl's rows: name -> the launch arguments that make the variant (besides the model and --dtype bfloat16).
-TGICTL_VARIANTS: dict[str, list[str]] = {
-    "tgictl": [],
-    "tgictl-gguf": [],
-    "tgictl-kv8": ["--kv-cache-dtype", "int8"],
-    "tgictl-q8": ["--quantize", "int8"],
-    "tgictl-q4": ["--quantize", "int4"],
-}
-
-
-def command(name: str, args: argparse.Namespace, port: int) -> tuple[list[str], dict[str, str], str]:
-    """(argv, environment, the `model` field requests name) of server `name`."""
-    hf = args.model / "hf"
-    context = (args.input_len + args.output_len + 16) * max(args.client_counts)
-    if name in TGICTL_VARIANTS:
-        model = args.gguf if name == "tgictl-gguf" else hf
-        return ([sys.executable, "-m", "tgictl", "launch", "--model-id", str(model), "--port", str(port),
-                 "--dtype", "bfloat16", *TGICTL_VARIANTS[name], *args.tgictl_args.split()],
-                repo_env(args.threads), "tgictl")
-    if name == "vllm":
-        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
-        return ([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf), "--port",
-                 str(port), "--host", "127.0.0.1", "--dtype", "bfloat16", "--max-model-len",
-                 str(args.input_len + args.output_len), "--served-model-name", "bench"], env, "bench")
-    if name == "llama-server":
-        return ([str(args.llama_bin / "llama-server"), "-m", str(args.gguf), "--host", "127.0.0.1", "--port",
-                 str(port), "-np", str(max(args.client_counts)), "-c", str(context), "-t", str(args.threads),
-                 "--no-webui"], dict(os.environ), "bench")
-    raise SystemExit(f"unknown server {name!r}")
-
-
-def tree_rss_bytes(root: int) -> int:
-    """VmRSS of `root` and every process below it (the server and its children: shards, workers)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:  # /proc/PID/stat: "pid (name) state ppid ..."; the name may hold spaces
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    tree, grown = {root}, True
-    while grown:
-        below = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= below
-        grown = bool(below)
-    total = 0
-    for pid in tree:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except (OSError, ValueError):
-            continue
-    return total
+def server_spec(args: argparse.Namespace) -> ServerSpec:
+    return ServerSpec(hf=args.model / "hf", gguf=args.gguf, threads=args.threads,
+                      max_len=args.input_len + args.output_len, slots=max(args.client_counts),
+                      vllm_python=args.vllm_python, llama_bin=args.llama_bin,
+                      tgictl_args=tuple(args.tgictl_args.split()))
 
 
 def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str, dict[str, float]]:
     port = free_port()
-    argv, env, model_field = command(name, args, port)
+    argv, env, model_field = server_command(name, server_spec(args), port)
     url = f"http://127.0.0.1:{port}"
     settings = ApiSettings("openai-completions", model_field, ignore_eos=True)
     figures: dict[str, dict[str, float]] = {}

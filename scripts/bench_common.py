@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -39,6 +40,76 @@ def repo_env(threads: int | None = None) -> dict[str, str]:
     if threads is not None:  # torch and OpenMP read it at start-up
         env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+# tgictl's rows: name -> the launch arguments that make the variant (besides the model and --dtype bfloat16).
+TGICTL_VARIANTS: dict[str, list[str]] = {
+    "tgictl": [],
+    "tgictl-gguf": [],
+    "tgictl-kv8": ["--kv-cache-dtype", "int8"],
+    "tgictl-q8": ["--quantize", "int8"],
+    "tgictl-q4": ["--quantize", "int4"],
+}
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What every server of a comparison is given: the same weights (hf/ bf16, or the GGUF), threads, and room
+    for `slots` sequences of `max_len` tokens each at once."""
+
+    hf: Path
+    gguf: Path
+    threads: int
+    max_len: int  # prompt + generated tokens of one request
+    slots: int  # requests at once
+    vllm_python: str
+    llama_bin: Path
+    tgictl_args: tuple[str, ...] = ()  # extra `tgictl launch` arguments for every tgictl row
+    vllm_kv_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE
+
+
+def server_command(name: str, spec: ServerSpec, port: int) -> tuple[list[str], dict[str, str], str]:
+    """(argv, environment, the `model` field requests name) of server `name`."""
+    if name in TGICTL_VARIANTS:
+        model = spec.gguf if name == "tgictl-gguf" else spec.hf
+        return ([sys.executable, "-m", "tgictl", "launch", "--model-id", str(model), "--port", str(port),
+                 "--dtype", "bfloat16", *TGICTL_VARIANTS[name], *spec.tgictl_args], repo_env(spec.threads), "tgictl")
+    if name == "vllm":  # both cores compute (its default keeps one for serving)
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{spec.threads - 1}",
+                   VLLM_CPU_KVCACHE_SPACE=str(spec.vllm_kv_gib))
+        return ([spec.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(spec.hf), "--port",
+                 str(port), "--host", "127.0.0.1", "--dtype", "bfloat16", "--max-model-len", str(spec.max_len),
+                 "--served-model-name", "bench"], env, "bench")
+    if name == "llama-server":  # one slot per client; -c is shared by the slots
+        return ([str(spec.llama_bin / "llama-server"), "-m", str(spec.gguf), "--host", "127.0.0.1", "--port",
+                 str(port), "-np", str(spec.slots), "-c", str((spec.max_len + 16) * spec.slots), "-t",
+                 str(spec.threads), "--no-webui"], dict(os.environ), "bench")
+    raise SystemExit(f"unknown server {name!r}")
+
+
+def tree_rss_bytes(root: int) -> int:
+    """VmRSS of `root` and every process below it (the server and its children: shards, workers)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # /proc/PID/stat: "pid (name) state ppid ..."; the name may hold spaces
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grown = {root}, True
+    while grown:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grown = bool(below)
+    total = 0
+    for pid in tree:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:

@@ -95,6 +95,42 @@ def time_per_output_token(ttft: float, e2e: float, output_tokens: int) -> float 
     return (e2e - ttft) / (output_tokens - 1)
 
 
+@dataclass(frozen=True)
+class DecodeWindow:
+    """The span in which every stream of a concurrent load was decoding: after the last first token,
+    before the first stream's last token. Only there does a step carry all the rows, so the tokens
+    that arrived inside it over its length is the server's decode rate at that batch (and context)."""
+
+    start_s: float
+    end_s: float
+    tokens: int  # tokens that arrived after start_s, up to and including end_s
+
+    @property
+    def length_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def tok_s(self) -> float:
+        """NaN when the window is empty (a stream ended before the last one began decoding)."""
+        return self.tokens / self.length_s if self.length_s > 0 and self.tokens else math.nan
+
+
+def all_decoding_window(streams: Sequence[Sequence[float]]) -> DecodeWindow:
+    """The DecodeWindow of `streams`, each one stream's token arrival times on one clock (ascending).
+
+    The first tokens themselves (ends of prefills) are not decode steps; the start is the last of them,
+    so a token counts when it arrived strictly after it. A stream without tokens has no window.
+    """
+    if not streams or any(not times for times in streams):
+        raise ConfigError("every stream needs at least one token to bound the decode window")
+    start = max(times[0] for times in streams)
+    end = min(times[-1] for times in streams)
+    if end <= start:
+        return DecodeWindow(start, start, 0)
+    tokens = sum(1 for times in streams for t in times if start < t <= end)
+    return DecodeWindow(start, end, tokens)
+
+
 def parse_slo(text: str) -> dict[str, float]:
     """`ttft=0.5,tpot=0.05` → {"ttft": 0.5, "tpot": 0.05}; keys from SLO_KEYS, values seconds > 0."""
     slo: dict[str, float] = {}

@@ -10,6 +10,7 @@ from tgictl.errors import ConfigError
 from tgictl.runtime.bench.client import RequestRecord
 from tgictl.runtime.bench.stats import (
     Distribution,
+    all_decoding_window,
     burst_latencies,
     goodput,
     inter_token_latencies,
@@ -114,3 +115,27 @@ def test_summarize_a_run_by_hand() -> None:
     assert s.goodput is not None and s.goodput.good_requests == 1 and s.goodput.fraction == pytest.approx(1 / 3)
     assert s.errors == {"HTTP 429: overloaded": 1}
     assert s.to_dict()["goodput"]["requests_per_s"] == pytest.approx(0.5)
+
+
+def test_decode_window_spans_last_first_token_to_first_end() -> None:
+    # stream a's prefill ends at 1.0 and it decodes alone until b's first token at 3.0; b ends first, at 5.0
+    a = [1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0]
+    b = [3.0, 4.0, 5.0]
+    window = all_decoding_window([a, b])
+    assert (window.start_s, window.end_s, window.length_s) == (3.0, 5.0, 2.0)
+    # after 3.0 up to 5.0: a's 3.5, 4.0, 4.5, 5.0 and b's 4.0, 5.0 (the first tokens at 3.0 are prefill's)
+    assert window.tokens == 6
+    assert window.tok_s == pytest.approx(3.0)
+
+
+def test_decode_window_is_empty_when_a_stream_ends_before_the_last_begins() -> None:
+    window = all_decoding_window([[1.0, 2.0], [3.0, 4.0]])
+    assert (window.length_s, window.tokens) == (0.0, 0)
+    assert math.isnan(window.tok_s)
+
+
+def test_decode_window_needs_a_token_in_every_stream() -> None:
+    with pytest.raises(ConfigError, match="at least one token"):
+        all_decoding_window([[1.0], []])
+    with pytest.raises(ConfigError, match="at least one token"):
+        all_decoding_window([])
