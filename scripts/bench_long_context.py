@@ -61,7 +61,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="the same weights as GGUF (llama-server)")
     parser.add_argument("--prompt-len", type=int, default=8064, help="prompt tokens (SmolLM2's context is 8192)")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=16, help="the N of the concurrent load; 0: none")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-cache-memory", default="3.5GiB", help="tgictl's --kv-cache-memory")
     parser.add_argument("--vllm-kv-gib", type=int, default=4)
@@ -72,8 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--combine", type=Path, nargs="+", default=None, help="measure nothing: table these files")
     parser.add_argument("--markdown-out", type=Path, default=None)
     args = parser.parse_args()
-    if min(args.prompt_len, args.new_tokens, args.clients, args.threads) < 1 or args.new_tokens < 2:
-        parser.error("--prompt-len, --clients and --threads must be >= 1, --new-tokens >= 2")
+    if min(args.prompt_len, args.threads) < 1 or args.clients < 0 or args.new_tokens < 2:
+        parser.error("--prompt-len and --threads must be >= 1, --clients >= 0 (0: one client only), --new-tokens >= 2")
     return args
 
 
@@ -115,17 +115,24 @@ def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str
         records, _ = timed_load(url, settings, random_workload(maker, 1, length, new, seed + 2), 1)
         figures = one_client(records[0], args.prompt_len)
         print(f"{name} 1 client: {json.dumps(figures)}", flush=True)
-        records, seconds = timed_load(url, settings, random_workload(maker, args.clients, length, new, seed + 3),
-                                      args.clients)
-        figures |= many_clients(records) | {"load_n_s": seconds, "rss_bytes": tree_rss_bytes(process.pid)}
+        if args.clients:
+            records, seconds = timed_load(url, settings,
+                                          random_workload(maker, args.clients, length, new, seed + 3), args.clients)
+            figures |= many_clients(records) | {"load_n_s": seconds}
+        figures["rss_bytes"] = tree_rss_bytes(process.pid)
     print(f"{name} {args.clients} clients: {json.dumps(figures)}", flush=True)
     return figures
+
+
+def shown(figures: dict[str, float], key: str, spec: str) -> str:
+    """The figure formatted, or "-" where the run did not measure it (--clients 0)."""
+    return format(figures[key], spec) if key in figures else "-"
 
 
 def ratio_rows(results: dict[str, dict[str, float]]) -> list[str]:
     rows = []
     for name, peer, key, figure, target in COMPARISONS:
-        if name in results and peer in results:
+        if key in results.get(name, {}) and key in results.get(peer, {}):
             ratio = results[name][key] / results[peer][key]
             rows.append(f"| {name} / {peer} | {figure} | {ratio:.2f}x | {target or '-'} |")
     return rows
@@ -133,7 +140,7 @@ def ratio_rows(results: dict[str, dict[str, float]]) -> list[str]:
 
 def markdown(runs: dict[str, dict]) -> str:
     any_run = next(iter(runs.values()))
-    clients = any_run["clients"]
+    clients = max(run["clients"] for run in runs.values())
     lines = [f"Prompts of {any_run['prompt_len']} tokens (random, unique), {any_run['new_tokens']} generated "
              f"(ignore_eos), greedy, /v1/completions streamed; {clients} clients for the N columns.", "",
              "| server | TTFT 1 client s | prefill tok/s | decode tok/s, 1 client | TTFT p50 / max at N s "
@@ -141,9 +148,11 @@ def markdown(runs: dict[str, dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
         f = run["figures"]
-        lines.append(f"| {name} | {f['ttft_1_s']:.2f} | {f['prefill_1_tok_s']:.0f} | {f['decode_1_tok_s']:.1f} | "
-                     f"{f['ttft_p50_s']:.1f} / {f['ttft_max_s']:.1f} | {f['decode_n_tok_s']:.1f} | "
-                     f"{f['window_s']:.1f} | {f['rss_bytes'] / 2**30:.2f} | {run['finished_utc']} |")
+        cells = [shown(f, "ttft_1_s", ".2f"), shown(f, "prefill_1_tok_s", ".0f"), shown(f, "decode_1_tok_s", ".1f"),
+                 f"{shown(f, 'ttft_p50_s', '.1f')} / {shown(f, 'ttft_max_s', '.1f')}",
+                 shown(f, "decode_n_tok_s", ".1f"), shown(f, "window_s", ".1f"),
+                 f"{f['rss_bytes'] / 2**30:.2f}", run["finished_utc"]]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     ratios = ratio_rows({name: run["figures"] for name, run in runs.items()})
     if ratios:
         lines += ["", "| ratio | figure | value | target |", "|---|---|---|---|", *ratios]
