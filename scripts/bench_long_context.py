@@ -81,9 +81,9 @@ def spec(args: argparse.Namespace) -> ServerSpec:
     max_len = args.prompt_len + args.new_tokens
     tgictl_args = ("--kv-cache-memory", args.kv_cache_memory, "--max-input-tokens", str(args.prompt_len),
                    "--max-total-tokens", str(max_len))
-    return ServerSpec(hf=args.model, gguf=args.gguf, threads=args.threads, max_len=max_len, slots=max(args.clients, 1),
-                      vllm_python=args.vllm_python, llama_bin=args.llama_bin, tgictl_args=tgictl_args,
-                      vllm_kv_gib=args.vllm_kv_gib)
+    return ServerSpec(hf=args.model, gguf=args.gguf, threads=args.threads, max_len=max_len,
+                      slots=max(args.clients, 1), vllm_python=args.vllm_python, llama_bin=args.llama_bin,
+                      tgictl_args=tgictl_args, vllm_kv_gib=args.vllm_kv_gib)
 
 
 def one_client(record: RequestRecord, prompt_len: int) -> dict[str, float]:
