@@ -1,4 +1,4 @@
-"""The arithmetic of `tgictl bench`: percentiles, latency summaries, SLOs and goodput.
+"""The arithmetic of `tgictl bench`: percentiles, latency summaries, SLOs, goodput and the all-decoding window.
 
 Pure functions on plain numbers (no numpy, no I/O), so every figure the report prints can be checked
 by hand in a unit test. Times are seconds throughout.
