@@ -2,7 +2,7 @@
 
     flock /work/wt/bench.lock python scripts/bench_long_context.py --servers tgictl \\
         [--model HF_DIR] [--gguf FILE.gguf] [--prompt-len 8064] [--new-tokens 128] [--clients 16]
-        [--threads 2] [--kv-cache-memory 3.5GiB] [--vllm-kv-gib 4] [--json-dir DIR]
+        [--threads 2] [--kv-cache-memory 3.5GiB] [--vllm-kv-gib 4] [--tgictl-args ARGS] [--json-dir DIR]
     python scripts/bench_long_context.py --combine DIR/*.json [--markdown-out table.md]
 
 Servers (scripts/bench_common.py's commands, both cores each): tgictl (bf16 weights and KV), tgictl-kv8 (the same
@@ -65,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-cache-memory", default="3.5GiB", help="tgictl's --kv-cache-memory")
     parser.add_argument("--vllm-kv-gib", type=int, default=4)
+    parser.add_argument("--tgictl-args", default="", help="extra `tgictl launch` arguments for the tgictl rows")
     parser.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
     parser.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache/llamacpp/bin")
     parser.add_argument("--seed", type=int, default=None, help="prompt seed (default: the clock: fresh prompts)")
@@ -80,7 +81,7 @@ def parse_args() -> argparse.Namespace:
 def spec(args: argparse.Namespace) -> ServerSpec:
     max_len = args.prompt_len + args.new_tokens
     tgictl_args = ("--kv-cache-memory", args.kv_cache_memory, "--max-input-tokens", str(args.prompt_len),
-                   "--max-total-tokens", str(max_len))
+                   "--max-total-tokens", str(max_len), *args.tgictl_args.split())
     return ServerSpec(hf=args.model, gguf=args.gguf, threads=args.threads, max_len=max_len,
                       slots=max(args.clients, 1), vllm_python=args.vllm_python, llama_bin=args.llama_bin,
                       tgictl_args=tgictl_args, vllm_kv_gib=args.vllm_kv_gib)
