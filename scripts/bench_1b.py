@@ -23,7 +23,8 @@ each. Figures: generated tokens/s over the load, TTFT p50, ITL p50 (the median o
 server's resident memory (every process in its process group, /proc VmRSS) after the load. A shared machine moves
 absolute figures by tens of percent; the ratios beside them are measured minutes apart. With --runs N every server
 (and llama-bench) runs N rounds, one after another in the same order: the table gives each figure's median over the
-rounds and each ratio's median over the N in-round ratios (a ratio is never taken across rounds).
+rounds and each ratio's median over the N in-round ratios (a ratio is never taken across rounds). Rounds run as
+separate commands (each with --json-out) make one table with --combine FILE...
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tgictl-args", default="", help="extra `tgictl launch` arguments for the tgictl rows")
     parser.add_argument("--no-llama-bench", action="store_true")
     parser.add_argument("--runs", type=int, default=1, help="rounds of every server; the table gives medians")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None,
+                        help="measure nothing: the table of the rounds in these --json-out files (rounds run apart)")
     parser.add_argument("--markdown-out", type=Path, default=None)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
@@ -228,7 +231,11 @@ def main() -> None:
     maker = PromptMaker(load_tokenizer(str(args.model / "hf")))
     rounds: Rounds = []
     raws: list[dict[str, float]] = []
-    for round_index in range(args.runs):
+    for saved in args.combine or ():
+        figures = json.loads(saved.read_text())
+        rounds += figures["rounds"]
+        raws += figures["llama_bench"]
+    for round_index in range(0 if args.combine else args.runs):
         results: dict[str, dict[str, dict[str, float]]] = {}
         for name in args.servers.split(","):
             try:
