@@ -11,7 +11,8 @@ the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs)
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
 --batch-invariant, over a bf16 or an int8 KV cache (--kv-cache-dtype int8: the int8 store and attention kernels
 the Python layers call on it); the model says whether its layers have the plain shape (Llama's layer: no biases
-but an optional q|k|v one (Qwen2's, added by the projection's kernel as the Python call adds it), no q/k norms, no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense
+but an optional q|k|v one (Qwen2's, added by the projection's kernel as the Python call adds it), no q/k norms,
+no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense
 bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
 runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
 table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
@@ -171,7 +172,8 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
             and norm_weight.is_contiguous() and norm_weight.shape == (shape.hidden_size,):
         normed = torch.empty_like(hidden)
     status = native.decode_layers_bf16(
-        len(caches), stack.norm_pointers, stack.linears, stack.qkv_bias_pointers, stack.cache_pointers(caches), hidden_out.data_ptr(),
+        len(caches), stack.norm_pointers, stack.linears, stack.qkv_bias_pointers, stack.cache_pointers(caches),
+        hidden_out.data_ptr(),
         delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
         decode.slots.data_ptr(), decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
         shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale,
