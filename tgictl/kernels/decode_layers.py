@@ -10,8 +10,9 @@ It runs when every row decodes one token (1-4 rows: the matrix-vector kernels' r
 the many-row kernels run: AMX on bf16 weights, else VDPBF16PS (FMA on AVX2 CPUs), csrc/int4_bf16.c on int4
 tiles, AMX or VDPBF16PS on decoded int8 rows), in bf16 on the CPU, on one rank, without LoRA rows and outside
 --batch-invariant, over a bf16 or an int8 KV cache (--kv-cache-dtype int8: the int8 store and attention kernels
-the Python layers call on it); the model says whether its layers have the plain shape (Llama's layer: no biases,
-no q/k norms, no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense
+the Python layers call on it); the model says whether its layers have the plain shape (Llama's layer: no biases
+but an optional q|k|v one (Qwen2's, added by the projection's kernel as the Python call adds it), no q/k norms,
+no softcap, SiLU, one rotary, at most one sliding window shared by every layer; projections dense
 bf16, int4 tiles (--quantize int4 and a GGUF's Q4_0 / Q4_1) or int8 rows (--quantize int8)): `LayerStack`. Otherwise the caller
 runs its layers in Python. int4 and int8 projections are multiplied by the C kernels even where the dispatch
 table would pick torch's for that shape (the loop cannot call torch; the two differ by float rounding, and the
@@ -61,11 +62,12 @@ class LayerShape:
 
 @dataclass(frozen=True)
 class PlainLayer:
-    """One layer's weights as the loop reads them: the two norms' and the four projections."""
+    """One layer's weights as the loop reads them: the two norms', the four projections' and q|k|v's bias."""
 
     input_norm: Tensor
     post_norm: Tensor
     projections: tuple[LinearWeight, LinearWeight, LinearWeight, LinearWeight]  # qkv, o, gate_up, down
+    qkv_bias: Tensor | None = None  # [(heads + 2 kv_heads) head_dim] (Qwen2's), or None
 
 
 class LayerStack:
@@ -80,6 +82,12 @@ class LayerStack:
         norms = [t for layer in layers for t in (layer.input_norm, layer.post_norm)]
         self.norm_pointers = (ctypes.c_void_p * len(norms))(*(t.data_ptr() for t in norms))
         self.linears = (LinearDescriptor * len(descriptors))(*descriptors)
+        # The float32 copy of each q|k|v bias that the Python layers' kernels receive (made once here, not per call);
+        # no array at all when no layer has one.
+        self._qkv_biases = tuple(None if layer.qkv_bias is None else layer.qkv_bias.float().contiguous()
+                                 for layer in layers)
+        self.qkv_bias_pointers = None if all(b is None for b in self._qkv_biases) else \
+            (ctypes.c_void_p * len(layers))(*(None if b is None else b.data_ptr() for b in self._qkv_biases))
         self.max_rows = AMX_FIRST_MAX_ROWS if all(runs_many_rows(w) for layer in layers for w in layer.projections) \
             else SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
         self._caches: tuple[tuple[Tensor, ...], ctypes.Array[ctypes.c_void_p]] | None = None
@@ -92,7 +100,9 @@ class LayerStack:
             norms_ok = all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.is_contiguous()
                            and tuple(t.shape) == (shape.hidden_size,) for t in (layer.input_norm, layer.post_norm))
             found = [linear_descriptor(w, out_in) for w, out_in in zip(layer.projections, shape.projections())]
-            if not norms_ok or any(d is None for d in found):
+            bias = layer.qkv_bias
+            bias_ok = bias is None or (bias.device.type == "cpu" and tuple(bias.shape) == (shape.projections()[0][0],))
+            if not norms_ok or not bias_ok or any(d is None for d in found):
                 return None
             descriptors.extend(d for d in found if d is not None)
         return cls(shape, layers, descriptors) if layers else None
@@ -162,7 +172,8 @@ def decode_layers(stack: LayerStack, hidden: Tensor, delta: Tensor | None, cos: 
             and norm_weight.is_contiguous() and norm_weight.shape == (shape.hidden_size,):
         normed = torch.empty_like(hidden)
     status = native.decode_layers_bf16(
-        len(caches), stack.norm_pointers, stack.linears, stack.cache_pointers(caches), hidden_out.data_ptr(),
+        len(caches), stack.norm_pointers, stack.linears, stack.qkv_bias_pointers, stack.cache_pointers(caches),
+        hidden_out.data_ptr(),
         delta_out.data_ptr(), int(delta is not None), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
         decode.slots.data_ptr(), decode.context_lens.data_ptr(), decode.max_context_len, m, shape.hidden_size, shape.heads, shape.kv_heads,
         shape.head_dim, shape.intermediate, num_slots, shape.eps, shape.scale,

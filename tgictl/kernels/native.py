@@ -327,7 +327,7 @@ def _bind(path: Path) -> NativeKernels:
         "tgictl_greedy_bf16": ([p, i64, i64, p, p, c_int], i64),
         "tgictl_topk_values_f32": ([p, i64, i64, i64, p, c_int], i64),
         "tgictl_decode_layers_scratch": ([i64] * 6, i64),
-        "tgictl_decode_layers_bf16": ([i64, p, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64,
+        "tgictl_decode_layers_bf16": ([i64, p, p, p, p, p, p, c_int, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64,
                                        i64, f32, f32, p, f32, p, p, c_int, c_int], c_int),
         "tgictl_amx_linear_available": ([], c_int),
         "tgictl_amx_linear_bf16": ([p, p, p, p, i64, i64, i64, c_int], c_int),

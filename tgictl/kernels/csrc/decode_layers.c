@@ -1,4 +1,4 @@
-/* A decode step's decoder layers in one call: 1-32 rows, bf16 activations, one rank, no biases.
+/* A decode step's decoder layers in one call: 1-32 rows, bf16 activations, one rank, no biases but q|k|v's.
  *
  * At batch 1 the Python around each layer's eight compiled calls (tensor allocation, checks, ctypes
  * argument conversion) cost about as much as the attention and the norms together. This runs the
@@ -15,6 +15,8 @@
  * linears: per layer qkv [(heads + 2 kv_heads) d, H], o [H, heads d], gate_up [2 I, H], down [H, I],
  *          each bf16 rows, int4 tiles (linear_methods/int4.py: packed tiles, bf16 scales and zeros) or int8
  *          rows (linear_methods/int8.py: bf16 scales per row);
+ * qkv_biases: NULL, or per layer its q|k|v bias [(heads + 2 kv_heads) d] float32 (Qwen2's), or NULL for a layer
+ *          without: added by the projection's kernel, as the Python layers' call adds it;
  * caches:  per layer, the key then the value cache [num_slots, kv_heads, d] bf16; with kv_int8 (--kv-cache-dtype
  *          int8) per layer four: key values [num_slots, kv_heads, d] int8, key scales [num_slots, kv_heads]
  *          bf16, value values, value scales (kv_pages.Int8Pages), stored by tgictl_rotary_store_q8_bf16 and
@@ -94,7 +96,8 @@ int64_t tgictl_decode_layers_scratch(int64_t m, int64_t hidden, int64_t heads, i
 static inline void *aligned(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const linear_desc *linears,
-                              void *const *caches, uint16_t *hidden, uint16_t *delta, int has_delta,
+                              const float *const *qkv_biases, void *const *caches, uint16_t *hidden,
+                              uint16_t *delta, int has_delta,
                               const uint16_t *cos, const uint16_t *sin, const int64_t *slots,
                               const int64_t *attention_slots, const int64_t *context_lens, int64_t max_len, int64_t m,
                               int64_t hidden_size, int64_t heads, int64_t kv_heads, int64_t d, int64_t inter,
@@ -118,18 +121,19 @@ int tgictl_decode_layers_bf16(int64_t layers, const void *const *norms, const li
             residual = next;
             next = residual == hidden ? other : hidden;
         }
-        if (linear_by_desc(&w[QKV], normed, qkv, m, qkv_width, H, x32, y32, threads) != 0) return -2;
+        const float *qkv_bias = qkv_biases != NULL ? qkv_biases[layer] : NULL;
+        if (linear_by_desc(&w[QKV], normed, qkv, m, qkv_width, H, qkv_bias, x32, y32, threads) != 0) return -2;
         /* the slots are every layer's: only the first can refuse them (-1) */
         const int attended_status = store_and_attend(caches + (kv_int8 ? 4 : 2) * layer, kv_int8, qkv, cos, sin,
                                                      slots, q, attention_slots, context_lens, max_len, m, heads,
                                                      kv_heads, d, num_slots, scale, attention, threads);
         if (attended_status != 0) return attended_status;
-        if (linear_by_desc(&w[O_PROJ], attention, attended, m, H, heads * d, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[O_PROJ], attention, attended, m, H, heads * d, NULL, x32, y32, threads) != 0) return -2;
         tgictl_rmsnorm_bf16(residual, attended, next, post_norm, normed, m, H, eps, threads);
         residual = next;
-        if (linear_by_desc(&w[GATE_UP], normed, gate_up, m, 2 * inter, H, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[GATE_UP], normed, gate_up, m, 2 * inter, H, NULL, x32, y32, threads) != 0) return -2;
         tgictl_silu_mul_bf16(gate_up, activated, m, inter, threads);
-        if (linear_by_desc(&w[DOWN], activated, delta, m, H, inter, x32, y32, threads) != 0) return -2;
+        if (linear_by_desc(&w[DOWN], activated, delta, m, H, inter, NULL, x32, y32, threads) != 0) return -2;
     }
     if (final_norm != NULL) {
         uint16_t *next = residual == hidden ? other : hidden;

@@ -46,35 +46,36 @@ typedef struct {
 
 #define INT8_ROWS (-1)
 
-/* y [m, n] bf16 = x [m, k] bf16 times the projection; y32 (and x32 where the CPU lacks AVX512-BF16): float32
- * scratch for int4 tiles, whose kernels write float32 (the Python path, linear_methods/native.py's
+/* y [m, n] bf16 = x [m, k] bf16 times the projection, plus bias [n] float32 (or NULL) added by the kernel, as on
+ * the Python path (which hands the same kernel a float32 copy of the bias); y32 (and x32 where the CPU lacks
+ * AVX512-BF16): float32 scratch for int4 tiles, whose kernels write float32 (the Python path, linear_methods/native.py's
  * int4_linear, takes the same kernel and converts the same way: y.to(bf16)). */
 static inline int linear_by_desc(const linear_desc *w, const uint16_t *x, uint16_t *y, int64_t m, int64_t n,
-                                 int64_t k, float *x32, float *y32, int threads) {
+                                 int64_t k, const float *bias, float *x32, float *y32, int threads) {
     if (w->group == INT8_ROWS) {
         if (m > MATRIX_VECTOR_MAX_ROWS)
-            return tgictl_qlinear_int8_bf16(x, w->weight, w->scales_zeros, NULL, y, m, n, k, threads);
+            return tgictl_qlinear_int8_bf16(x, w->weight, w->scales_zeros, bias, y, m, n, k, threads);
         /* linear_methods/native.py's int8_linear: float32 rows in, float32 out, rounded to bf16 */
         for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
-        tgictl_qlinear_int8(x32, w->weight, w->scales_zeros, 1, NULL, y32, m, n, k, threads);
+        tgictl_qlinear_int8(x32, w->weight, w->scales_zeros, 1, bias, y32, m, n, k, threads);
         for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
         return 0;
     }
     if (m > MATRIX_VECTOR_MAX_ROWS) {
         if (w->group == 0) { /* kernels/linear.py's order: each declines where its build or shape does not fit */
             const uint16_t *weight = w->weight;
-            if (tgictl_amx_linear_bf16(x, weight, NULL, y, m, n, k, threads) == 0) return 0;
-            if (tgictl_dpbf16_linear_bf16(x, weight, NULL, y, m, n, k, threads) == 0) return 0;
-            return tgictl_fma_linear_bf16(x, weight, NULL, y, m, n, k, threads);
+            if (tgictl_amx_linear_bf16(x, weight, bias, y, m, n, k, threads) == 0) return 0;
+            if (tgictl_dpbf16_linear_bf16(x, weight, bias, y, m, n, k, threads) == 0) return 0;
+            return tgictl_fma_linear_bf16(x, weight, bias, y, m, n, k, threads);
         }
-        return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y, m, n,
+        return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, bias, y, m, n,
                                         w->k_pad, threads);
     }
-    if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, NULL, y, 1, m, n, k, threads);
-    if (tgictl_qlinear_int4_rows_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, NULL, y32, m, n, k,
+    if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, bias, y, 1, m, n, k, threads);
+    if (tgictl_qlinear_int4_rows_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, bias, y32, m, n, k,
                                       w->k_pad, threads) != 0) {
         for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
-        if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, NULL, y32, m, n, k,
+        if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, bias, y32, m, n, k,
                                 w->k_pad, threads) != 0)
             return -1;
     }

@@ -39,9 +39,9 @@ static int expert_mlp(const linear_desc *gate_up, const linear_desc *down, const
     uint16_t *gu = (uint16_t *)scratch, *activated = gu + m * 2 * inter;
     float *x32 = (float *)(scratch + aligned_bytes(2 * m * 3 * inter));
     float *y32 = (float *)((char *)x32 + aligned_bytes(4 * m * max_i64(hidden, inter)));
-    if (linear_by_desc(gate_up, x, gu, m, 2 * inter, hidden, x32, y32, threads) != 0) return -2;
+    if (linear_by_desc(gate_up, x, gu, m, 2 * inter, hidden, NULL, x32, y32, threads) != 0) return -2;
     tgictl_silu_mul_bf16(gu, activated, m, inter, threads);
-    return linear_by_desc(down, activated, y, m, hidden, inter, x32, y32, threads) != 0 ? -2 : 0;
+    return linear_by_desc(down, activated, y, m, hidden, inter, NULL, x32, y32, threads) != 0 ? -2 : 0;
 }
 
 int tgictl_moe_experts_bf16(const uint16_t *x, const int64_t *spans, int64_t active, const linear_desc *gate_up,

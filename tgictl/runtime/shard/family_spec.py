@@ -2,8 +2,9 @@
 family branches on its name (docs/adding-a-model.md).
 
 Every field's default is Llama's, so `FamilySpec()` with one `LayerSpec` per layer is a Llama model. The C decode
-loop (kernels/decode_layers.py) admits a model only when `runs_llama_loop` says every field has that default, so a
-field added here can never run the Llama loop by accident. Mixture-of-experts settings are not here: MoE is an MLP
+loop (kernels/decode_layers.py) admits a model only when `runs_llama_loop` says every field but those it computes
+(_LOOP_FIELDS: the layers and a q|k|v bias) has that default, so a field added here can never run the Llama loop
+by accident. Mixture-of-experts settings are not here: MoE is an MLP
 of its own with its own configuration. Torch-free: `tgictl profile` reads the windows from the same spec.
 """
 
@@ -25,6 +26,10 @@ class LayerSpec:
 
     rope: RopeConfig | None  # this layer's rotary positions; None: no positions at all (SmolLM3's NoPE layers)
     window: int | None = None  # sliding window in positions (itself included); None: the whole context
+
+
+# FamilySpec fields the C decode loop computes at any value (the rest must be at Llama's default).
+_LOOP_FIELDS = frozenset({"layers", "qkv_bias"})
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,12 @@ class FamilySpec:
         return blocks | {name: "mlp" for name in (*mlp, "down_proj")}
 
     def runs_llama_loop(self) -> bool:
-        """Whether the C decode loop (Llama's layer, one rotary and at most one window for every layer) computes
-        this family: every field at its Llama default, every layer alike and positioned, no other layer field set."""
+        """Whether the C decode loop (Llama's layer, one rotary and at most one window for every layer, an optional
+        q|k|v bias) computes this family: every other field at its Llama default, every layer alike and positioned,
+        no other layer field set."""
         llama = FamilySpec()
-        if any(getattr(self, f.name) != getattr(llama, f.name) for f in fields(self) if f.name != "layers"):
+        # The loop adds a q|k|v bias (Qwen2's) as the Python layers do: the one field it computes off the default.
+        if any(getattr(self, f.name) != getattr(llama, f.name) for f in fields(self) if f.name not in _LOOP_FIELDS):
             return False
         if not self.layers or len(set(self.layers)) != 1 or self.layers[0].rope is None:
             return False

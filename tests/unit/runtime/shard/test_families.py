@@ -70,9 +70,12 @@ def test_olmo2_and_granite() -> None:
         12.0, 0.22, 0.0078125, 8.0)
 
 
-def test_only_llamas_spec_runs_the_llama_loop() -> None:
+def test_only_llamas_spec_and_qwen2_s_runs_the_llama_loop() -> None:
     assert spec("llama").runs_llama_loop() and spec("mistral", sliding_window=4096).runs_llama_loop()
-    assert not any(spec(t).runs_llama_loop() for t in ("qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2"))
+    assert spec("qwen2").runs_llama_loop()  # Llama's layer with a q|k|v bias, which the loop adds
+    assert not spec("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=2).runs_llama_loop()
+    assert not any(spec(t).runs_llama_loop() for t in ("qwen3", "gemma2", "gemma3_text", "phi3", "olmo2"))
+    assert not FamilySpec(qkv_bias=True, o_bias=True, layers=(LayerSpec(RopeConfig()),)).runs_llama_loop()
     assert not spec("granite", residual_multiplier=0.5).runs_llama_loop()
     assert not spec("smollm3").runs_llama_loop()  # layers without positions
     qwen_windows = spec("qwen3", use_sliding_window=True, sliding_window=8, max_window_layers=2)

@@ -4,7 +4,7 @@ The C loop makes the Python layers' calls in their order, so every logprob, toke
 equal bit for bit, at the matrix-vector kernels' 1-4 rows and, where the many-row kernels run (AMX for
 bf16, bf16 dot products for int4), at 5-32; and it must decline what it does not compute (prefill, more
 rows than its kernels take, families other than Llama's layer, whose only extra the loop computes is one
-sliding window for every layer) without changing anything.
+sliding window for every layer and a q|k|v bias) without changing anything.
 """
 
 from __future__ import annotations
@@ -197,7 +197,41 @@ def test_a_sliding_window_on_every_layer_runs_in_the_loop(
     _compare(compiled, make_runner(model_dir, dtype=torch.bfloat16), rows, monkeypatch)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "smollm3", "olmo2", "granite"])
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_qwen2_s_qkv_bias_runs_in_the_loop_as_the_python_layers_add_it(
+    rows: int, make_tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen2's q|k|v bias, the one family field the loop computes off Llama's default: the projection's kernel
+    adds the same float32 bias the Python layer's call hands it, so the same bits (head size 64: 256 / 4)."""
+    model_dir = make_tiny_model("qwen2", num_layers=3, hidden_size=256, num_heads=4, num_kv_heads=2,
+                                intermediate_size=512, dtype="bfloat16")
+    compiled = make_runner(model_dir, dtype=torch.bfloat16)
+    stack = compiled.model.plain_layer_stack()
+    assert stack is not None and stack.qkv_bias_pointers is not None
+    assert compiled.model.layers[0].attention.qkv.bias.abs().sum() > 0  # a bias that changes the result
+    _compare(compiled, make_runner(model_dir, dtype=torch.bfloat16), rows, monkeypatch)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+def test_a_qwen2_gguf_s_biased_layers_equal_the_python_layers(
+    type_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen2.5's GGUF as llama.cpp quantizes it: Q4_0 projections (int4 tiles here) with float q|k|v biases; and
+    Q8_0, whose blocks no loop kernel reads: the Python layers keep it."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", types=every_projection(type_name))
+    directory = gguf_model_dir(path, tmp_path / "cache")
+    compiled = make_runner(directory, dtype=torch.bfloat16)
+    if type_name == "Q8_0":
+        assert compiled.model.plain_layer_stack() is None
+        return
+    assert isinstance(compiled.model.layers[0].attention.qkv.weight, Int4Weight)
+    assert compiled.model.layers[0].attention.qkv.bias is not None
+    _native_kernels_only(monkeypatch)
+    for rows in (1, 6):
+        _compare(compiled, make_runner(directory, dtype=torch.bfloat16), rows, monkeypatch)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3_text", "phi3", "smollm3", "olmo2", "granite"])
 def test_other_families_keep_the_python_layers(family: str, make_tiny_model: Callable[..., Path]) -> None:
     """Biases, q/k norms, other norms, layouts, activations, scales, rotaries: every field off Llama's default."""
     runner = make_runner(make_tiny_model(family, num_layers=3, dtype="bfloat16"), dtype=torch.bfloat16)

@@ -72,7 +72,7 @@ class DecoderLayer(nn.Module):
 
     def plain_weights(self, shape: LayerShape) -> PlainLayer | None:
         """This layer's weights for kernels/decode_layers.py's loop when it is the plain layer the loop
-        computes (this class, no biases, no q/k norms, SiLU, one rank; the family spec and the loop check the
+        computes (this class, no biases but q|k|v's, no q/k norms, SiLU, one rank; the family spec and the loop check the
         rest), else None."""
         attention, mlp = self.attention, self.mlp
         if type(mlp) is not GatedMLP:  # an MoE layer never runs the dense loop
@@ -80,14 +80,15 @@ class DecoderLayer(nn.Module):
         input_norm, post_norm = self.input_norm, self.post_attention_norm
         linears = (attention.qkv, attention.o_proj, mlp.gate_up, mlp.down)
         if type(self) is not DecoderLayer or mlp.activation != "silu" \
-                or attention.q_norm is not None or any(linear.bias is not None for linear in linears) \
+                or attention.q_norm is not None or any(linear.bias is not None for linear in linears[1:]) \
                 or attention.o_proj.dist.is_sharded or mlp.down.dist.is_sharded \
                 or input_norm.eps != shape.eps or post_norm.eps != shape.eps or input_norm.weight_in_float32 \
                 or post_norm.weight_in_float32 or attention.scale != shape.scale or attention.softcap is not None \
                 or attention.rotary_dim != attention.head_dim or self.residual_scale != 1.0:
             return None
         return PlainLayer(input_norm.weight, post_norm.weight,
-                          (attention.qkv.weight, attention.o_proj.weight, mlp.gate_up.weight, mlp.down.weight))
+                          (attention.qkv.weight, attention.o_proj.weight, mlp.gate_up.weight, mlp.down.weight),
+                          attention.qkv.bias)
 
 
 class SandwichDecoderLayer(DecoderLayer):
