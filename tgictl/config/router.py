@@ -48,8 +48,8 @@ class RouterConfig:
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
     # A Prefill takes a request after its first only while the prompt tokens to compute stay within this, so a
-    # burst of short prompts starts over several steps and the first ones stream early (docs/scheduling.md, "The
-    # prefill budget and the first token under a burst"); one long prompt still fills --max-batch-prefill-tokens.
+    # burst of short prompts starts over several steps and the first ones stream early (docs/scheduling.md, "Prefill
+    # groups"); one long prompt still fills --max-batch-prefill-tokens.
     # None: the device's default (scheduling/limits.py: 512 on a CPU, no limit on CUDA); 0: no limit.
     prefill_group_tokens: int | None = None
     # Decode steps per shard call while no request waits to join (runtime/shard/decode_steps.py): fewer

@@ -75,7 +75,8 @@ class Batcher:
         self._on_error = on_error
         self.scheduler = Scheduler(queue, allocator, texts, SchedulerConfig(
             max_batch_prefill_tokens=config.max_batch_prefill_tokens, max_batch_size=config.max_batch_size,
-            prefill_group_tokens=config.prefill_group_tokens, speculate=config.speculate, release_window=config.release_window,
+            prefill_group_tokens=config.prefill_group_tokens, speculate=config.speculate,
+            release_window=config.release_window,
         ))
         self._step_ns: float | None = None  # forward per step of the last Decode whose steps all ran
         self._wakeup = asyncio.Event()
