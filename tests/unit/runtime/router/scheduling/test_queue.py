@@ -177,7 +177,8 @@ def test_a_burst_of_short_prompts_is_split_by_the_group_limit_and_a_long_prompt_
     # A request is never cut for the group: the 9th whole prompt would pass 500 tokens, so it waits.
     for _ in range(16):
         queue.append(entry(input_ids=tuple(range(64)), max_new_tokens=2))
-    assert list(queue.next_batch(None, 4096, group_tokens=500).entries) == list(range(16, 23))  # type: ignore[union-attr]
+    seven = queue.next_batch(None, 4096, group_tokens=500)
+    assert seven is not None and list(seven.entries) == list(range(16, 23))
     # One long prompt still fills the whole budget (it is chunked by the budget only); nothing joins it.
     queue = Queue(BlockAllocator(num_blocks=2048, block_size=4), block_size=4)
     queue.append(entry(input_ids=tuple(range(3000)), max_new_tokens=2))
