@@ -23,6 +23,8 @@ JSON_OUTPUT_VAR = "TGICTL_JSON_OUTPUT"
 # launcher hands the key to its router (a command line is visible to every local user in `ps`; a
 # process's environment only to its owner).
 API_KEY_VAR = "TGICTL_API_KEY"
+# The OpenMP variables that place threads on CPUs (the standard's and libgomp's own).
+OMP_AFFINITY_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 # Test-only: make a shard fail chosen generation steps (see FaultInjection).
 FAULT_INJECT_VAR = "TGICTL_FAULT_INJECT"
 
@@ -177,6 +179,11 @@ class Env:
     # The shard steps a decoding batch ahead while the router handles the last step (runtime/shard/lookahead.py):
     # TGICTL_LOOKAHEAD=0 turns it off.
     lookahead: bool = True
+    # Each of the shard's OpenMP threads bound to a core of its own (runtime/shard/thread_binding.py says why):
+    # TGICTL_BIND_THREADS=0 leaves them to the scheduler. Off as well where the user placed the threads
+    # (OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY set): their setting wins.
+    bind_threads: bool = True
+    user_thread_affinity: bool = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -212,6 +219,8 @@ class Env:
             c_compiler=_text(env, "CC"),
             prepack_weights=_auto_on_off(env, "TGICTL_PREPACK_WEIGHTS"),
             lookahead=_bool(env, "TGICTL_LOOKAHEAD") if _text(env, "TGICTL_LOOKAHEAD") else True,
+            bind_threads=_bool(env, "TGICTL_BIND_THREADS") if _text(env, "TGICTL_BIND_THREADS") else True,
+            user_thread_affinity=any(_text(env, name) for name in OMP_AFFINITY_VARS),
         )
 
     @property
