@@ -52,7 +52,7 @@ TGICTL_VARIANTS: dict[str, list[str]] = {
     "tgictl-unbound": [],
 }
 # Variants that differ by environment: tgictl-unbound leaves the shard's OpenMP threads to the scheduler, as
-# before they were bound to cores (runtime/shard/thread_binding.py; the A/B of "Sharing the cores").
+# before they were bound to cores (runtime/shard/cpu_threads.py; the A/B of "Sharing the cores").
 TGICTL_VARIANT_ENV: dict[str, dict[str, str]] = {"tgictl-unbound": {"TGICTL_BIND_THREADS": "0"}}
 
 

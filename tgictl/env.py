@@ -179,11 +179,14 @@ class Env:
     # The shard steps a decoding batch ahead while the router handles the last step (runtime/shard/lookahead.py):
     # TGICTL_LOOKAHEAD=0 turns it off.
     lookahead: bool = True
-    # Each of the shard's OpenMP threads bound to a core of its own (runtime/shard/thread_binding.py says why):
+    # Each of the shard's OpenMP threads bound to a core of its own (runtime/shard/cpu_threads.py says why):
     # TGICTL_BIND_THREADS=0 leaves them to the scheduler. Off as well where the user placed the threads
     # (OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY set): their setting wins.
     bind_threads: bool = True
     user_thread_affinity: bool = False
+    # OMP_NUM_THREADS as the user (or the launcher, for tensor-parallel shards) set it: the shard's thread count,
+    # which then wins over the cgroup CPU limit the shard otherwise fits its threads to.
+    omp_num_threads: int | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -221,6 +224,9 @@ class Env:
             lookahead=_bool(env, "TGICTL_LOOKAHEAD") if _text(env, "TGICTL_LOOKAHEAD") else True,
             bind_threads=_bool(env, "TGICTL_BIND_THREADS") if _text(env, "TGICTL_BIND_THREADS") else True,
             user_thread_affinity=any(_text(env, name) for name in OMP_AFFINITY_VARS),
+            # OpenMP allows a list (one count per nesting level): the first is the shard's.
+            omp_num_threads=_int({"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "").split(",")[0].strip()},
+                                 "OMP_NUM_THREADS", minimum=1),
         )
 
     @property

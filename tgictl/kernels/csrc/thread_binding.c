@@ -1,4 +1,4 @@
-/* Binding the OpenMP team of the calling thread to one CPU each (runtime/shard/thread_binding.py says why).
+/* Binding the OpenMP team of the calling thread to one CPU each (runtime/shard/cpu_threads.py says why).
  *
  * One parallel region of `count` threads: thread i pins itself to cpus[i] with sched_setaffinity (pid 0 is the
  * calling thread on Linux). libgomp reuses the same pool threads, in the same order, for every later team of

@@ -34,7 +34,7 @@ from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.host_memory import limit_malloc_arenas
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
-from tgictl.runtime.shard.thread_binding import bind_compute_threads
+from tgictl.runtime.shard.cpu_threads import configure_cpu_threads
 from tgictl.runtime.shard.uds import (
     check_socket_path,
     prepare_socket_dir,
@@ -111,7 +111,7 @@ def _load(config: ShardConfig, hub: HubConfig | None) -> tuple[ShardRuntime, Dis
     adapters = _resolve_adapters(config, hub)
     device = select_device(config.rank)
     if device.type == "cpu":  # before loading: its parallel regions are the first the team runs
-        bind_compute_threads(read_env(), config.rank, config.world_size)
+        configure_cpu_threads(read_env(), config.rank, config.world_size)
     dtype = config.dtype or default_dtype(device)
     dist = init_distributed(
         config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device,

@@ -1,4 +1,10 @@
-"""Each of the shard's OpenMP threads on a core of its own, so that a shared machine slows it, not stops it.
+"""The shard's OpenMP threads: no more than its CPU limit allows, each on a core of its own, so that a shared
+machine slows the shard, not stops it.
+
+How many: OMP_NUM_THREADS where set (the launcher sets it for tensor-parallel shards), else torch's default
+(the machine's cores) capped by the cgroup CPU limit (host.cgroup_cpu_limit: a Kubernetes pod's `limits.cpu`):
+threads beyond the quota burn it spinning at barriers, and then every thread of the pod stalls until the next
+period.
 
 Why: a decode step is hundreds of OpenMP parallel regions (torch's ops and the C kernels), each ending in a
 barrier where a thread that finished spins (libgomp: ~300,000 spins, a few milliseconds) for the others. Left
@@ -31,6 +37,7 @@ import torch
 
 from tgictl.env import Env
 from tgictl.kernels.native import load_native_kernels
+from tgictl.runtime.host import cgroup_cpu_limit
 
 log = logging.getLogger("tgictl.shard")
 
@@ -73,6 +80,22 @@ def binding_cpus(ordered: Sequence[int], threads: int, rank: int, world_size: in
         return None
     start = (rank % world_size) * threads
     return tuple(ordered[start:start + threads])
+
+
+def threads_within_limit(threads: int, limit: int | None, world_size: int) -> int:
+    """Threads per rank: `threads`, but no more than the ranks' share of a CPU limit of `limit` cores."""
+    return threads if limit is None else max(1, min(threads, limit // max(1, world_size)))
+
+
+def configure_cpu_threads(env: Env, rank: int, world_size: int) -> tuple[int, ...] | None:
+    """Fit the thread count to the CPU limit (unless OMP_NUM_THREADS says otherwise), then bind the threads;
+    call it on the device thread before loading. Returns the CPUs bound (bind_compute_threads)."""
+    if env.omp_num_threads is None:
+        threads = threads_within_limit(torch.get_num_threads(), cgroup_cpu_limit(), world_size)
+        if threads != torch.get_num_threads():
+            log.info("rank %d: %d OpenMP thread(s), within the cgroup's CPU limit", rank, threads)
+            torch.set_num_threads(threads)
+    return bind_compute_threads(env, rank, world_size)
 
 
 def bind_compute_threads(env: Env, rank: int, world_size: int) -> tuple[int, ...] | None:
