@@ -6,15 +6,16 @@ How many: OMP_NUM_THREADS where set (the launcher sets it for tensor-parallel sh
 threads beyond the quota burn it spinning at barriers, and then every thread of the pod stalls until the next
 period.
 
-Why: a decode step is hundreds of OpenMP parallel regions (torch's ops and the C kernels), each ending in a
-barrier where a thread that finished spins (libgomp: ~300,000 spins, a few milliseconds) for the others. Left
-to the scheduler, the shard's threads share the cores with whatever else runs. When another process takes a
-core, a spinning thread holds the core the late thread could run on, and every region waits about a
-scheduler time slice: SmolLM2-135M on 2 cores with one busy-looping process beside it decoded 1.9 tok/s
-against 77 quiet (docs/benchmarks.md, "Sharing the cores"). With one thread bound per core, the other process
-shares one core with one thread, which still runs half the time: 31 tok/s. vLLM CPU binds its threads the
-same way (VLLM_CPU_OMP_THREADS_BIND). OMP_WAIT_POLICY=passive (sleep, never spin) kept 53 under contention but
-cost a third of the quiet speed (52 tok/s), as every region then wakes a sleeping thread.
+Why bound: a decode step is hundreds of OpenMP parallel regions (torch's ops and the C kernels), each ending
+in a barrier where a thread that finished spins (libgomp: ~300,000 spins, a few milliseconds) for the others.
+Left to the scheduler, the shard's threads share the cores with whatever else runs. When another process takes
+a core, a spinning thread holds the core the late thread could run on, and every region waits about a
+scheduler time slice: SmolLM2-135M on 2 cores, one client, with one busy-looping process beside it decoded 2.3
+tok/s against 67 quiet (docs/benchmarks.md, "Sharing the cores"). With one thread bound per core, the other
+process shares one core with one thread, which still runs about half the time: 28.7 against 71, the share vLLM
+CPU keeps with its own binding (VLLM_CPU_OMP_THREADS_BIND). OMP_WAIT_POLICY=passive (sleep, never spin) kept
+53 tok/s loaded but served 52 quiet instead of 77, as every region then wakes a sleeping thread; a shorter spin
+(GOMP_SPINCOUNT=10000) lost on both sides (64 quiet, 10 loaded).
 
 How: one parallel region of the device thread (csrc/thread_binding.c) in which thread i pins itself to the
 i-th CPU of this rank's share; libgomp keeps the same pool threads for every later region of that thread, and
