@@ -29,12 +29,12 @@ from tgictl.errors import ConfigError, DeviceError
 from tgictl.kernels.batch_invariance import enable_batch_invariance
 from tgictl.progress import phase
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
+from tgictl.runtime.shard.cpu_threads import configure_cpu_threads
 from tgictl.runtime.shard.dist import DistContext, destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.host_memory import limit_malloc_arenas
 from tgictl.runtime.shard.runtime import ShardRuntime, default_dtype
 from tgictl.runtime.shard.servicer import DeviceWorker, ShardServicer
-from tgictl.runtime.shard.cpu_threads import configure_cpu_threads
 from tgictl.runtime.shard.uds import (
     check_socket_path,
     prepare_socket_dir,
