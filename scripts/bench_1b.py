@@ -3,7 +3,7 @@
     python scripts/bench_1b.py \\
         [--model ~/.cache/tgictl/bench-models/llama-3.2-1b] [--servers tgictl,tgictl-gguf,vllm,llama-server]
         [--clients 1,16] [--input-len 64] [--output-len 16] [--vllm-python PATH]
-        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--runs 3] [--busy N]
+        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--runs 3] [--busy N,...]
         [--markdown-out table.md]
 
 `--model` is a directory written by scripts/make_bench_models.py: `hf/` (random weights of the real model's
@@ -13,7 +13,7 @@ each given both cores:
 - tgictl-gguf: `tgictl launch --model-id FILE.gguf`, the 4-bit blocks served natively;
 - tgictl-kv8: tgictl with `--kv-cache-dtype int8` (docs/kv-cache.md);
 - tgictl-q8 / tgictl-q4: tgictl on hf/ with `--quantize int8` / `--quantize int4` (weights quantized at load);
-- tgictl-unbound: tgictl with TGICTL_BIND_THREADS=0 (its OpenMP threads left to the scheduler);
+- tgictl-before: tgictl with its OpenMP threads as before "Sharing the cores" (unbound, libgomp's default spin);
 - vllm: vLLM CPU's OpenAI server on hf/ in bf16, VLLM_CPU_OMP_THREADS_BIND=0-(threads-1): both cores compute;
 - llama-server: llama.cpp's server on the GGUF, one slot per client;
 and llama-bench's own decode loop on the GGUF (no HTTP): `-p input-len -n output-len`, its tokens/s.
@@ -28,9 +28,10 @@ absolute figures by tens of percent; the ratios beside them are measured minutes
 rounds and each ratio's median over the N in-round ratios (a ratio is never taken across rounds). Rounds run as
 separate commands (each with --json-out) make one table with --combine FILE...
 
-Sharing the cores (`--busy N`): every client count is measured twice on the same server, quiet and then while N
-processes spin on the cores (bench_common.busy_cores; 1 = one core's worth taken from the server), the loaded rows
-named `N+Kbusy`; the table adds each server's loaded/quiet ratio (docs/benchmarks.md, "Sharing the cores").
+Sharing the cores (`--busy 1,2`): every client count is measured quiet and then, on the same server, while K
+processes spin on the cores for each K given (bench_common.busy_cores; 1 = one core's worth taken from the
+server), the loaded rows named `N+Kbusy`; the table adds each server's loaded/quiet ratios (docs/benchmarks.md,
+"Sharing the cores").
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache/llamacpp/bin")
     parser.add_argument("--tgictl-args", default="", help="extra `tgictl launch` arguments for the tgictl rows")
     parser.add_argument("--no-llama-bench", action="store_true")
-    parser.add_argument("--busy", type=int, default=0,
-                        help="also measure each client count while this many processes spin on the cores")
+    parser.add_argument("--busy", default="",
+                        help="comma-separated counts: also measure each load while that many processes spin")
     parser.add_argument("--runs", type=int, default=1, help="rounds of every server; the table gives medians")
     parser.add_argument("--combine", type=Path, nargs="+", default=None,
                         help="measure nothing: the table of the rounds in these --json-out files (rounds run apart)")
@@ -83,8 +84,12 @@ def parse_args() -> argparse.Namespace:
     args.client_counts = [int(c) for c in args.clients.split(",")]
     if min(args.client_counts) < 1 or min(args.requests_per_client, args.input_len, args.output_len, args.runs) < 1:
         parser.error("--clients, --requests-per-client, --input-len, --output-len and --runs must be >= 1")
-    if args.busy < 0:
-        parser.error("--busy must be >= 0")
+    try:
+        args.busy_counts = [int(b) for b in args.busy.split(",")] if args.busy else []
+    except ValueError:
+        parser.error(f"--busy takes comma-separated counts, got {args.busy!r}")
+    if any(b < 1 for b in args.busy_counts):
+        parser.error("--busy counts must be >= 1")
     ggufs = sorted(args.model.glob("*.gguf"))
     if not (args.model / "hf").is_dir() or not ggufs:
         parser.error(f"--model {args.model}: expected hf/ and a .gguf (scripts/make_bench_models.py writes them)")
@@ -108,7 +113,7 @@ def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str
     with managed_server(name, argv, url + "/health", env=env) as process:
         timed_load(url, settings, random_workload(maker, 2, (16, 16), (4, 4), 10_000), 2)  # warm-up, short
         for clients in args.client_counts:
-            for busy in (0, args.busy) if args.busy else (0,):
+            for busy in (0, *args.busy_counts):
                 count = clients * args.requests_per_client
                 prompts = random_workload(maker, count, (args.input_len,) * 2, (args.output_len,) * 2, clients)
                 with busy_cores(busy):
@@ -142,7 +147,7 @@ def llama_bench(args: argparse.Namespace) -> dict[str, float]:
 
 Rounds = list[dict[str, dict[str, dict[str, float]]]]  # per round: server -> client count -> figure -> value
 PEERS = {"tgictl": "vllm", "tgictl-kv8": "tgictl", "tgictl-gguf": "llama-server", "tgictl-q8": "vllm",
-         "tgictl-q4": "llama-server", "tgictl-unbound": "tgictl"}
+         "tgictl-q4": "llama-server", "tgictl-before": "tgictl"}
 
 
 def median_over(values: list[float]) -> float:
@@ -170,7 +175,7 @@ def median_ratio(rounds: Rounds, name: str, peer: str, clients: str) -> float | 
 
 def median_ratio_loaded(rounds: Rounds, name: str, clients: str, busy: int) -> float | None:
     """The median of `name`'s tok/s with `busy` spinning processes over its tok/s quiet, each inside one round."""
-    loaded = f"{clients}+{busy}busy"
+    loaded = load_key(int(clients), busy)
     ratios = [r[name][loaded]["tok_s"] / r[name][clients]["tok_s"] for r in rounds
               if clients in r.get(name, {}) and loaded in r.get(name, {})]
     return median_over(ratios) if ratios else None
@@ -191,12 +196,13 @@ def markdown(args: argparse.Namespace, rounds: Rounds, raws: list[dict[str, floa
             shown = f"{ratio:.2f}x {peer}" if ratio is not None else ""
             lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {shown} | {f['ttft_p50_s']:.2f} | "
                          f"{f['itl_p50_s'] * 1e3:.0f} | {f['rss_bytes'] / 2**30:.2f} |")
-    if args.busy:
-        lines += ["", f"Sharing the cores: tok/s with {args.busy} spinning process(es) over tok/s quiet, the same "
-                      "server minutes apart (median of the in-round ratios):", ""]
+    if args.busy_counts:
+        lines += ["", "Sharing the cores: tok/s with K spinning processes over tok/s quiet, the same server minutes "
+                      "apart (median of the in-round ratios):", ""]
         for name in results:
-            shares = [f"{clients} client(s) {ratio:.2f}" for clients in map(str, args.client_counts)
-                      if (ratio := median_ratio_loaded(rounds, name, clients, args.busy)) is not None]
+            shares = [f"{clients} client(s) +{busy}busy {ratio:.2f}" for clients in map(str, args.client_counts)
+                      for busy in args.busy_counts
+                      if (ratio := median_ratio_loaded(rounds, name, clients, busy)) is not None]
             lines.append(f"- {name}: {', '.join(shares)}")
     if raws:
         decode = median_over([raw["decode"] for raw in raws])

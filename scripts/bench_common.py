@@ -49,11 +49,13 @@ TGICTL_VARIANTS: dict[str, list[str]] = {
     "tgictl-kv8": ["--kv-cache-dtype", "int8"],
     "tgictl-q8": ["--quantize", "int8"],
     "tgictl-q4": ["--quantize", "int4"],
-    "tgictl-unbound": [],
+    "tgictl-before": [],
 }
-# Variants that differ by environment: tgictl-unbound leaves the shard's OpenMP threads to the scheduler, as
-# before they were bound to cores (runtime/shard/cpu_threads.py; the A/B of "Sharing the cores").
-TGICTL_VARIANT_ENV: dict[str, dict[str, str]] = {"tgictl-unbound": {"TGICTL_BIND_THREADS": "0"}}
+# Variants that differ by environment: tgictl-before runs the shard's OpenMP threads as tgictl did before it bound
+# them to cores and shortened libgomp's spin (runtime/shard/cpu_threads.py, env.SHARD_SPIN_COUNT): unbound, and
+# libgomp's default 300,000 spins (the A/B of docs/benchmarks.md's "Sharing the cores").
+TGICTL_VARIANT_ENV: dict[str, dict[str, str]] = {"tgictl-before": {"TGICTL_BIND_THREADS": "0",
+                                                                   "GOMP_SPINCOUNT": "300000"}}
 
 
 @dataclass(frozen=True)

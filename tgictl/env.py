@@ -294,6 +294,26 @@ def apply_shard_library_defaults() -> None:
     os.environ.setdefault(THP_VAR, "1")
 
 
+# libgomp (torch's OpenMP runtime, which the C kernels share) spins 300,000 times (~3 ms) at a barrier before its
+# thread sleeps. A decode step is hundreds of barriers; on cores another process shares, the spin holds the core
+# while the thread it waits for cannot run. 30,000 spins: SmolLM2 with both of 2 cores shared kept 0.36-0.37 of
+# its quiet tok/s against 0.10-0.11, quiet 0.98x at one client and 1.02x at four (medians of 3 rounds);
+# docs/benchmarks.md, "Sharing the cores". Read once, when libgomp loads (with torch), so the shard sets it before
+# it imports torch. A user's GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+SPIN_COUNT_VAR = "GOMP_SPINCOUNT"
+WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
+SHARD_SPIN_COUNT = 30_000
+
+
+def apply_shard_openmp_defaults() -> bool:
+    """Set the shard's OpenMP spin count unless the user chose one or a wait policy; call before torch is imported.
+    False where the user's setting stands."""
+    if SPIN_COUNT_VAR in os.environ or WAIT_POLICY_VAR in os.environ:
+        return False
+    os.environ[SPIN_COUNT_VAR] = str(SHARD_SPIN_COUNT)
+    return True
+
+
 # Progress bars of the libraries tgictl uses: huggingface_hub and transformers read the first (TGI's
 # launcher sets it for its shards too), tqdm itself the second (any other tqdm bar).
 PROGRESS_BAR_VARS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}

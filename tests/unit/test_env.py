@@ -173,3 +173,20 @@ def test_omp_num_threads(raw: str | None, threads: int | None) -> None:
 def test_a_malformed_omp_num_threads_is_refused(raw: str) -> None:
     with pytest.raises(ConfigError, match="OMP_NUM_THREADS"):
         Env.from_environ({"HOME": "/h", "OMP_NUM_THREADS": raw})
+
+
+def test_shard_openmp_defaults_leave_a_users_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tgictl.env import SHARD_SPIN_COUNT, SPIN_COUNT_VAR, WAIT_POLICY_VAR, apply_shard_openmp_defaults
+
+    monkeypatch.delenv(SPIN_COUNT_VAR, raising=False)
+    monkeypatch.delenv(WAIT_POLICY_VAR, raising=False)
+    assert apply_shard_openmp_defaults() is True
+    assert os.environ[SPIN_COUNT_VAR] == str(SHARD_SPIN_COUNT)
+    monkeypatch.setenv(SPIN_COUNT_VAR, "1000")
+    assert apply_shard_openmp_defaults() is False
+    assert os.environ[SPIN_COUNT_VAR] == "1000"
+    # A wait policy decides the spin itself (passive: none); no count is added beside it.
+    monkeypatch.delenv(SPIN_COUNT_VAR)
+    monkeypatch.setenv(WAIT_POLICY_VAR, "passive")
+    assert apply_shard_openmp_defaults() is False
+    assert SPIN_COUNT_VAR not in os.environ
