@@ -15,15 +15,19 @@ tok/s against 67 quiet (docs/benchmarks.md, "Sharing the cores"). With one threa
 process shares one core with one thread, which still runs about half the time: 28.7 against 71, the share vLLM
 CPU keeps with its own binding (VLLM_CPU_OMP_THREADS_BIND). OMP_WAIT_POLICY=passive (sleep, never spin) kept
 53 tok/s loaded but served 52 quiet instead of 77, as every region then wakes a sleeping thread; a shorter spin
-(GOMP_SPINCOUNT=10000) lost on both sides (64 quiet, 10 loaded).
+alone (GOMP_SPINCOUNT=10000, unbound) lost on both sides (64 quiet, 10 loaded). Bound, a spin of 30,000 keeps the
+quiet speed and most of the rate when every core is shared (env.SHARD_SPIN_COUNT, which the shard sets before
+torch loads libgomp).
 
 How: one parallel region of the device thread (csrc/thread_binding.c) in which thread i pins itself to the
 i-th CPU of this rank's share; libgomp keeps the same pool threads for every later region of that thread, and
 only the compute threads are bound (the event loop and gRPC's threads still run anywhere). The share is one CPU
 per physical core first (SMT siblings last), and each rank of a tensor-parallel group on one host takes its own
-slice. No binding where the threads outnumber the CPUs (they would share cores anyway), where the user placed
-the threads (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY), with TGICTL_BIND_THREADS=0, or without the compiled
-kernels.
+slice. No binding where the threads outnumber the CPUs (they would share cores anyway), nor where they are
+fewer than the cores this process may run on: then the cores are shared with work it cannot see (a CFS quota on a
+wider cpuset, several servers on one host each told OMP_NUM_THREADS), and binding every such process to the first
+cores would stack them there while the rest idle. Nor where the user placed the threads (OMP_PROC_BIND,
+OMP_PLACES, GOMP_CPU_AFFINITY), with TGICTL_BIND_THREADS=0, or without the compiled kernels.
 """
 
 from __future__ import annotations
@@ -74,10 +78,17 @@ def cores_first(cpus: Sequence[int], cores: Mapping[int, tuple[int, int]]) -> tu
     return (*first, *siblings)
 
 
-def binding_cpus(ordered: Sequence[int], threads: int, rank: int, world_size: int) -> tuple[int, ...] | None:
-    """The CPUs (one per thread) of rank `rank`'s `threads` threads, from `ordered` (cores_first's order), the
-    ranks of one host taking consecutive slices; None where the ranks' threads outnumber the CPUs."""
-    if threads < 1 or world_size < 1 or threads * world_size > len(ordered):
+def physical_cores(cpus: Sequence[int], cores: Mapping[int, tuple[int, int]]) -> int:
+    """How many physical cores `cpus` span (a CPU of unknown core counts as a core of its own)."""
+    return len({cores.get(cpu, (-1, -1 - cpu)) for cpu in cpus})
+
+
+def binding_cpus(ordered: Sequence[int], core_count: int, threads: int, rank: int,
+                 world_size: int) -> tuple[int, ...] | None:
+    """The CPUs (one per thread) of rank `rank`'s `threads` threads, from `ordered` (cores_first's order, spanning
+    `core_count` physical cores), the ranks of one host taking consecutive slices. None where the ranks' threads
+    outnumber the CPUs, or where a rank's threads are fewer than its share of the cores (the module says why)."""
+    if threads < 1 or world_size < 1 or threads * world_size > len(ordered) or threads < core_count // world_size:
         return None
     start = (rank % world_size) * threads
     return tuple(ordered[start:start + threads])
@@ -112,10 +123,12 @@ def bind_compute_threads(env: Env, rank: int, world_size: int) -> tuple[int, ...
     except AttributeError:  # not Linux
         return None
     threads = torch.get_num_threads()
-    cpus = binding_cpus(cores_first(allowed, core_ids(allowed)), threads, rank, world_size)
+    cores = core_ids(allowed)
+    core_count = physical_cores(allowed, cores)
+    cpus = binding_cpus(cores_first(allowed, cores), core_count, threads, rank, world_size)
     if cpus is None:
-        log.info("OpenMP threads left unbound: %d thread(s) per rank for %d rank(s) on %d CPU(s)",
-                 threads, world_size, len(allowed))
+        log.info("OpenMP threads left unbound: %d thread(s) per rank for %d rank(s) on %d CPU(s) of %d core(s)",
+                 threads, world_size, len(allowed), core_count)
         return None
     bind = native.library.tgictl_bind_omp_threads
     bind.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]

@@ -18,6 +18,7 @@ from tgictl.runtime.shard.cpu_threads import (
     binding_cpus,
     core_ids,
     cores_first,
+    physical_cores,
     threads_within_limit,
 )
 
@@ -58,6 +59,12 @@ def test_cores_first_puts_smt_siblings_last() -> None:
     assert cores_first([5, 6], {5: (0, 0)}) == (5, 6)
 
 
+def test_physical_cores_count_siblings_once() -> None:
+    assert physical_cores([0, 1, 2, 3], {0: (0, 0), 1: (0, 0), 2: (0, 1), 3: (0, 1)}) == 2
+    assert physical_cores([0, 1, 2], {0: (0, 0), 1: (1, 0)}) == 3  # packages differ; cpu2 unknown: its own core
+
+
+# Four CPUs in cores_first's order 0,2,1,3 (0 and 2 one per physical core, 1 and 3 their SMT siblings): 2 cores.
 @pytest.mark.parametrize(("threads", "rank", "world", "expected"), [
     (2, 0, 1, (0, 2)),
     (1, 0, 2, (0,)),
@@ -67,10 +74,21 @@ def test_cores_first_puts_smt_siblings_last() -> None:
     (3, 0, 2, None),  # 6 threads on 4 CPUs: they would share cores anyway
     (5, 0, 1, None),
     (0, 0, 1, None),
+    (1, 0, 1, None),  # one thread, two cores: the cores are shared with work this process cannot see
 ])
 def test_binding_cpus_gives_each_rank_its_own_slice(threads: int, rank: int, world: int,
                                                    expected: tuple[int, ...] | None) -> None:
-    assert binding_cpus((0, 2, 1, 3), threads, rank, world) == expected
+    assert binding_cpus((0, 2, 1, 3), 2, threads, rank, world) == expected
+
+
+@pytest.mark.parametrize(("threads", "world", "bound"), [
+    (4, 1, False),  # OMP_NUM_THREADS=4 (or a 4-core CFS quota) on 16 cores: another server may be told the same
+    (16, 1, True),
+    (5, 3, True),  # tensor parallel: 16 cores // 3 ranks, one core left over
+    (4, 3, False),
+])
+def test_fewer_threads_than_cores_stay_unbound(threads: int, world: int, bound: bool) -> None:
+    assert (binding_cpus(tuple(range(16)), 16, threads, 0, world) is not None) is bound
 
 
 @pytest.mark.parametrize("environ", [{"TGICTL_BIND_THREADS": "0"}, {"OMP_PROC_BIND": "close"},
@@ -102,7 +120,7 @@ print(json.dumps(result))
 
 def test_a_real_binding_pins_the_team_and_nothing_else() -> None:
     allowed = sorted(os.sched_getaffinity(0))
-    threads = min(2, len(allowed))
+    threads = physical_cores(allowed, core_ids(allowed))  # one per core: the count that gets bound
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY",
                                                                  "TGICTL_BIND_THREADS")}
     out = subprocess.run([sys.executable, "-c", _CHILD], env={**environ, "OMP_NUM_THREADS": str(threads)},
