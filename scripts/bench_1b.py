@@ -197,8 +197,8 @@ def markdown(args: argparse.Namespace, rounds: Rounds, raws: list[dict[str, floa
             lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {shown} | {f['ttft_p50_s']:.2f} | "
                          f"{f['itl_p50_s'] * 1e3:.0f} | {f['rss_bytes'] / 2**30:.2f} |")
     if args.busy_counts:
-        lines += ["", "Sharing the cores: tok/s with K spinning processes over tok/s quiet, the same server minutes "
-                      "apart (median of the in-round ratios):", ""]
+        lines += ["", "Sharing the cores: tok/s with K spinning processes over tok/s quiet, the same server one load "
+                      "after the other (median of the in-round ratios):", ""]
         for name in results:
             shares = [f"{clients} client(s) +{busy}busy {ratio:.2f}" for clients in map(str, args.client_counts)
                       for busy in args.busy_counts
