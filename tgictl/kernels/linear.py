@@ -1,7 +1,7 @@
 """The one linear-layer entry point the shard's layers call: torch's matmul, or on CPU for a few rows the
 compiled matrix-vector kernel (kernels/native.py, csrc/small_linear.c) and, where the CPU has AMX, for
 decode-sized row counts (5-64) the AMX kernel on the weight as stored (csrc/amx_linear.c); where it has
-AVX512-BF16 but no AMX (AMD Zen 4 and 5), for 5-32 rows the VDPBF16PS kernel on the weight as stored
+AVX512-BF16 but no AMX (AMD Zen 4 and 5), for 2-32 bf16 rows the VDPBF16PS kernel on the weight as stored
 (csrc/dpbf16_linear.c); on AVX2 CPUs where torch's bf16 matmul is its generic loop, every bf16 product of
 5+ rows by FMA (csrc/fma_linear.c).
 
@@ -29,9 +29,8 @@ from tgictl.kernels.native import load_native_kernels
 SMALL_LINEAR_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float32: 8}
 # Except on CPUs with AVX512-BF16 and no AMX (AMD Zen 4 and 5), where the VDPBF16PS kernel takes bf16 from 2 rows:
 # it reads each weight pair once per 8 rows and multiplies without widening, while the matrix-vector kernel
-# widens every weight and passes over the weights once per 4 rows at twice the instructions per row. Weights
-# streamed from memory, 2 threads, AMD EPYC Zen 4 (each model's projections, cold): Llama-3.2-1B's
-# 16 layers of projections 65.5 / 74.6 / 95.2 / 114.3 ms at 1-4 rows against VDPBF16PS's 70.8 / 74.0 / 71.9 /
+# widens every weight and its work per weight grows with the rows. Weights streamed from memory, 2 threads, AMD
+# EPYC Zen 4 (2026-12-05): Llama-3.2-1B's 16 layers of projections 65.5 / 74.6 / 95.2 / 114.3 ms at 1-4 rows against VDPBF16PS's 70.8 / 74.0 / 71.9 /
 # 71.5; SmolLM2's 30 layers and head 58.6 / 69.2 / 70.3 / 88.5 against 62.0 / 62.1 / 62.3 / 62.6. The 1B's 4-row
 # decode step took 150 ms against 99 at 8 rows. AMX CPUs keep 4 (not measured there).
 DPBF16_MATRIX_VECTOR_MAX_ROWS = 1
