@@ -64,7 +64,7 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         None, "--prefill-group-tokens", show_default=False,
         help="A prefill step takes a request after its first only while their prompt tokens stay within this, "
         "so a burst of short prompts starts over several steps and the first answers stream early; one long "
-        "prompt still fills --max-batch-prefill-tokens (default: 512 on a CPU, no limit on CUDA; 0: no limit).",
+        "prompt still fills the prefill budget (default: 512 on a CPU, no limit on CUDA; 0: no limit).",
     )),
     ("decode_steps", int, typer.Option(
         _DEFAULTS["decode_steps"], "--decode-steps",
