@@ -69,7 +69,8 @@ static inline uint16_t *block_at(uint16_t *buffer, int64_t k_pad, int half, int6
     return buffer + half * k_pad * HALF_TILE + (kb * 2 + s) * BLOCK_ELEMS;
 }
 
-static void dequantize_tile(const uint8_t *tile, const uint16_t *sz, int sz_form, int64_t group, int64_t k_pad, int64_t n_pad,
+static void dequantize_tile(const uint8_t *tile, const uint16_t *sz, int sz_form, int64_t group, int64_t k_pad,
+                            int64_t n_pad,
                             int64_t row0, uint16_t *buffer) {
     uint16_t order[32]; /* element 2i <- i (column c), 2i + 1 <- 16 + i (column c + 1) */
     for (int i = 0; i < 16; i++) {
@@ -213,7 +214,8 @@ static void tile_by_amx(const uint16_t *x, uint16_t *buffer, int64_t m, int64_t 
  * bf16 or scratch
  * memory is refused (the caller takes another backend). */
 int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int sz_form,
-                             int64_t group, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads) {
+                             int64_t group, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad,
+                             int threads) {
 #if defined(HAVE_BF16_DOT)
     if (k_pad % KBLOCK != 0 || group % 2 != 0 || !(sz_form & SZ_BF16)) return -1;
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE;
@@ -227,7 +229,8 @@ int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uin
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             if (buffer == NULL) continue;
-            dequantize_tile(packed + t * k_pad * HALF_TILE, scales_zeros, sz_form, group, k_pad, n_pad, t * TILE, buffer);
+            dequantize_tile(packed + t * k_pad * HALF_TILE, scales_zeros, sz_form, group, k_pad, n_pad, t * TILE,
+                            buffer);
 #if defined(HAVE_AMX)
             if (amx) {
                 tile_by_amx(x, buffer, m, k_pad, bias, y, n, t * TILE, configured);

@@ -22,8 +22,8 @@
  * step then reads 18 bytes per 32 weights instead of 20), bias [n] float32 or NULL, y [m, n] float32. The group
  * size is even.
  * Returns 0; -1 where this build lacks the instructions (tgictl_int4_rows_bf16_available() says so once),
- * m is outside 1..4, the group size is odd, the scales are not bf16 or scratch memory was refused (the caller then takes the float32
- * kernel).
+ * m is outside 1..4, the group size is odd, the scales are not bf16 or scratch memory was refused (the caller
+ * then takes the float32 kernel).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -72,8 +72,8 @@ static __m512i nibble_table(void) {
 }
 
 static inline __attribute__((always_inline)) void int4_tile_bf16(
-    const uint16_t *x, const float *xsum, const uint8_t *tile, const uint16_t *sz, int sz_form, int64_t group, int64_t groups,
-    int64_t n_pad, int64_t row0, const int M, int64_t k, __m512i index0, __m512i index1, __m512i table,
+    const uint16_t *x, const float *xsum, const uint8_t *tile, const uint16_t *sz, int sz_form, int64_t group,
+    int64_t groups, int64_t n_pad, int64_t row0, const int M, int64_t k, __m512i index0, __m512i index1, __m512i table,
     float out[MAX_ROWS][TILE]) {
     const __mmask64 even_bytes = 0x5555555555555555ull;
     const __m512i low4 = _mm512_set1_epi16(15);
@@ -125,8 +125,8 @@ static inline __attribute__((always_inline)) void int4_tile_bf16(
 }
 
 int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads) {
+                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t k_pad, int threads) {
     if (m < 1 || m > MAX_ROWS || group % 2 != 0 || !(sz_form & SZ_BF16)) return -1;
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE, groups = k_pad / group;
     float *xsum = int4_group_sums(x, 1, m, k, group, groups);
@@ -140,12 +140,13 @@ int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, cons
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *tile = packed + t * k_pad * HALF_TILE;
         const int64_t row0 = t * TILE, valid = n - row0 < TILE ? n - row0 : TILE;
+        const uint16_t *sz = scales_zeros;
         float out[MAX_ROWS][TILE];
         switch (m) { /* constant row counts: the sums stay in registers */
-        case 1: int4_tile_bf16(x, xsum, tile, scales_zeros, sz_form, group, groups, n_pad, row0, 1, k, index0, index1, table, out); break;
-        case 2: int4_tile_bf16(x, xsum, tile, scales_zeros, sz_form, group, groups, n_pad, row0, 2, k, index0, index1, table, out); break;
-        case 3: int4_tile_bf16(x, xsum, tile, scales_zeros, sz_form, group, groups, n_pad, row0, 3, k, index0, index1, table, out); break;
-        default: int4_tile_bf16(x, xsum, tile, scales_zeros, sz_form, group, groups, n_pad, row0, 4, k, index0, index1, table, out); break;
+        case 1: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 1, k, index0, index1, table, out); break;
+        case 2: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 2, k, index0, index1, table, out); break;
+        case 3: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 3, k, index0, index1, table, out); break;
+        default: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 4, k, index0, index1, table, out); break;
         }
         for (int64_t r = 0; r < m; r++)
             for (int64_t j = 0; j < valid; j++) y[r * n + row0 + j] = out[r][j] + (bias != NULL ? bias[row0 + j] : 0.0f);
@@ -157,10 +158,10 @@ int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, cons
 #else
 
 int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads) {
-    (void)x, (void)packed, (void)scales_zeros, (void)sz_form, (void)group, (void)bias, (void)y, (void)m, (void)n, (void)k;
-    (void)k_pad, (void)threads;
+                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t k_pad, int threads) {
+    (void)x, (void)packed, (void)scales_zeros, (void)sz_form, (void)group, (void)bias, (void)y, (void)m, (void)n;
+    (void)k, (void)k_pad, (void)threads;
     return -1;
 }
 

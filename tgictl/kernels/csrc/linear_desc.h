@@ -16,12 +16,13 @@ int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, 
 int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_form, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
 int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads);
+                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t k_pad, int threads);
 int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
 int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int sz_form,
-                             int64_t group, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads);
+                             int64_t group, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad,
+                             int threads);
 int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
 int tgictl_dpbf16_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
