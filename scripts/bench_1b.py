@@ -3,7 +3,8 @@
     python scripts/bench_1b.py \\
         [--model ~/.cache/tgictl/bench-models/llama-3.2-1b] [--servers tgictl,tgictl-gguf,vllm,llama-server]
         [--clients 1,16] [--input-len 64] [--output-len 16] [--vllm-python PATH]
-        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--runs 3] [--markdown-out table.md]
+        [--llama-bin ~/.cache/llamacpp/bin] [--threads 2] [--tgictl-args ...] [--runs 3] [--busy N,...]
+        [--markdown-out table.md]
 
 `--model` is a directory written by scripts/make_bench_models.py: `hf/` (random weights of the real model's
 shape, bf16) and one 4-bit GGUF made from it by llama.cpp's converter and quantizer. The servers, one at a time,
@@ -12,6 +13,7 @@ each given both cores:
 - tgictl-gguf: `tgictl launch --model-id FILE.gguf`, the 4-bit blocks served natively;
 - tgictl-kv8: tgictl with `--kv-cache-dtype int8` (docs/kv-cache.md);
 - tgictl-q8 / tgictl-q4: tgictl on hf/ with `--quantize int8` / `--quantize int4` (weights quantized at load);
+- tgictl-before: tgictl with its OpenMP threads as before "Sharing the cores" (unbound, libgomp's default spin);
 - vllm: vLLM CPU's OpenAI server on hf/ in bf16, VLLM_CPU_OMP_THREADS_BIND=0-(threads-1): both cores compute;
 - llama-server: llama.cpp's server on the GGUF, one slot per client;
 and llama-bench's own decode loop on the GGUF (no HTTP): `-p input-len -n output-len`, its tokens/s.
@@ -25,6 +27,11 @@ absolute figures by tens of percent; the ratios beside them are measured minutes
 (and llama-bench) runs N rounds, one after another in the same order: the table gives each figure's median over the
 rounds and each ratio's median over the N in-round ratios (a ratio is never taken across rounds). Rounds run as
 separate commands (each with --json-out) make one table with --combine FILE...
+
+Sharing the cores (`--busy 1,2`): every client count is measured quiet and then, on the same server, while K
+processes spin on the cores for each K given (bench_common.busy_cores; 1 = one core's worth taken from the
+server), the loaded rows named `N+Kbusy`; the table adds each server's loaded/quiet ratios (docs/benchmarks.md,
+"Sharing the cores").
 """
 
 from __future__ import annotations
@@ -35,7 +42,15 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from bench_common import ServerSpec, free_port, managed_server, server_command, timed_load, tree_rss_bytes
+from bench_common import (
+    ServerSpec,
+    busy_cores,
+    free_port,
+    managed_server,
+    server_command,
+    timed_load,
+    tree_rss_bytes,
+)
 
 from tgictl.runtime.bench.client import ApiSettings
 from tgictl.runtime.bench.load_test import load_tokenizer
@@ -58,6 +73,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache/llamacpp/bin")
     parser.add_argument("--tgictl-args", default="", help="extra `tgictl launch` arguments for the tgictl rows")
     parser.add_argument("--no-llama-bench", action="store_true")
+    parser.add_argument("--busy", default="",
+                        help="comma-separated counts: also measure each load while that many processes spin")
     parser.add_argument("--runs", type=int, default=1, help="rounds of every server; the table gives medians")
     parser.add_argument("--combine", type=Path, nargs="+", default=None,
                         help="measure nothing: the table of the rounds in these --json-out files (rounds run apart)")
@@ -67,6 +84,12 @@ def parse_args() -> argparse.Namespace:
     args.client_counts = [int(c) for c in args.clients.split(",")]
     if min(args.client_counts) < 1 or min(args.requests_per_client, args.input_len, args.output_len, args.runs) < 1:
         parser.error("--clients, --requests-per-client, --input-len, --output-len and --runs must be >= 1")
+    try:
+        args.busy_counts = [int(b) for b in args.busy.split(",")] if args.busy else []
+    except ValueError:
+        parser.error(f"--busy takes comma-separated counts, got {args.busy!r}")
+    if any(b < 1 for b in args.busy_counts):
+        parser.error("--busy counts must be >= 1")
     ggufs = sorted(args.model.glob("*.gguf"))
     if not (args.model / "hf").is_dir() or not ggufs:
         parser.error(f"--model {args.model}: expected hf/ and a .gguf (scripts/make_bench_models.py writes them)")
@@ -90,18 +113,26 @@ def measure(name: str, args: argparse.Namespace, maker: PromptMaker) -> dict[str
     with managed_server(name, argv, url + "/health", env=env) as process:
         timed_load(url, settings, random_workload(maker, 2, (16, 16), (4, 4), 10_000), 2)  # warm-up, short
         for clients in args.client_counts:
-            count = clients * args.requests_per_client
-            prompts = random_workload(maker, count, (args.input_len,) * 2, (args.output_len,) * 2, clients)
-            records, seconds = timed_load(url, settings, prompts, clients)
-            tokens = sum(r.output_tokens for r in records)
-            tpots = [r.tpot_s for r in records if r.tpot_s is not None]
-            figures[str(clients)] = {
-                "tok_s": tokens / seconds, "ttft_p50_s": percentile([r.ttft_s for r in records if r.ttft_s], 50),
-                "itl_p50_s": statistics.median(tpots) if tpots else float("nan"),
-                "rss_bytes": tree_rss_bytes(process.pid),
-                "tokens": tokens, "asked": count * args.output_len}
-            print(f"{name} {clients} clients: {json.dumps(figures[str(clients)])}", flush=True)
+            for busy in (0, *args.busy_counts):
+                count = clients * args.requests_per_client
+                prompts = random_workload(maker, count, (args.input_len,) * 2, (args.output_len,) * 2, clients)
+                with busy_cores(busy):
+                    records, seconds = timed_load(url, settings, prompts, clients)
+                tokens = sum(r.output_tokens for r in records)
+                tpots = [r.tpot_s for r in records if r.tpot_s is not None]
+                key = load_key(clients, busy)
+                figures[key] = {
+                    "tok_s": tokens / seconds, "ttft_p50_s": percentile([r.ttft_s for r in records if r.ttft_s], 50),
+                    "itl_p50_s": statistics.median(tpots) if tpots else float("nan"),
+                    "rss_bytes": tree_rss_bytes(process.pid),
+                    "tokens": tokens, "asked": count * args.output_len}
+                print(f"{name} {key} clients: {json.dumps(figures[key])}", flush=True)
     return figures
+
+
+def load_key(clients: int, busy: int) -> str:
+    """The table's name for a load: the client count, plus the spinning processes beside it when there were any."""
+    return f"{clients}+{busy}busy" if busy else str(clients)
 
 
 def llama_bench(args: argparse.Namespace) -> dict[str, float]:
@@ -116,7 +147,7 @@ def llama_bench(args: argparse.Namespace) -> dict[str, float]:
 
 Rounds = list[dict[str, dict[str, dict[str, float]]]]  # per round: server -> client count -> figure -> value
 PEERS = {"tgictl": "vllm", "tgictl-kv8": "tgictl", "tgictl-gguf": "llama-server", "tgictl-q8": "vllm",
-         "tgictl-q4": "llama-server"}
+         "tgictl-q4": "llama-server", "tgictl-before": "tgictl"}
 
 
 def median_over(values: list[float]) -> float:
@@ -142,6 +173,14 @@ def median_ratio(rounds: Rounds, name: str, peer: str, clients: str) -> float | 
     return median_over(ratios) if ratios else None
 
 
+def median_ratio_loaded(rounds: Rounds, name: str, clients: str, busy: int) -> float | None:
+    """The median of `name`'s tok/s with `busy` spinning processes over its tok/s quiet, each inside one round."""
+    loaded = load_key(int(clients), busy)
+    ratios = [r[name][loaded]["tok_s"] / r[name][clients]["tok_s"] for r in rounds
+              if clients in r.get(name, {}) and loaded in r.get(name, {})]
+    return median_over(ratios) if ratios else None
+
+
 def markdown(args: argparse.Namespace, rounds: Rounds, raws: list[dict[str, float]]) -> str:
     results = median_figures(rounds)
     runs = f"median of {len(rounds)} rounds (ratios: median of the in-round ratios)" if len(rounds) > 1 else "one run"
@@ -157,6 +196,14 @@ def markdown(args: argparse.Namespace, rounds: Rounds, raws: list[dict[str, floa
             shown = f"{ratio:.2f}x {peer}" if ratio is not None else ""
             lines.append(f"| {name} | {clients} | {f['tok_s']:.2f} | {shown} | {f['ttft_p50_s']:.2f} | "
                          f"{f['itl_p50_s'] * 1e3:.0f} | {f['rss_bytes'] / 2**30:.2f} |")
+    if args.busy_counts:
+        lines += ["", "Sharing the cores: tok/s with K spinning processes over tok/s quiet, the same server one load "
+                      "after the other (median of the in-round ratios):", ""]
+        for name in results:
+            shares = [f"{clients} client(s) +{busy}busy {ratio:.2f}" for clients in map(str, args.client_counts)
+                      for busy in args.busy_counts
+                      if (ratio := median_ratio_loaded(rounds, name, clients, busy)) is not None]
+            lines.append(f"- {name}: {', '.join(shares)}")
     if raws:
         decode = median_over([raw["decode"] for raw in raws])
         rates = f"{decode:.2f} decode, {median_over([raw['prefill'] for raw in raws]):.1f} prefill"

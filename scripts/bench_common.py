@@ -49,7 +49,13 @@ TGICTL_VARIANTS: dict[str, list[str]] = {
     "tgictl-kv8": ["--kv-cache-dtype", "int8"],
     "tgictl-q8": ["--quantize", "int8"],
     "tgictl-q4": ["--quantize", "int4"],
+    "tgictl-before": [],
 }
+# Variants that differ by environment: tgictl-before runs the shard's OpenMP threads as tgictl did before it bound
+# them to cores and shortened libgomp's spin (runtime/shard/cpu_threads.py, env.SHARD_SPIN_COUNT): unbound, and
+# libgomp's default 300,000 spins (the A/B of docs/benchmarks.md's "Sharing the cores").
+TGICTL_VARIANT_ENV: dict[str, dict[str, str]] = {"tgictl-before": {"TGICTL_BIND_THREADS": "0",
+                                                                   "GOMP_SPINCOUNT": "300000"}}
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ def server_command(name: str, spec: ServerSpec, port: int) -> tuple[list[str], d
     if name in TGICTL_VARIANTS:
         model = spec.gguf if name == "tgictl-gguf" else spec.hf
         return ([sys.executable, "-m", "tgictl", "launch", "--model-id", str(model), "--port", str(port),
-                 "--dtype", "bfloat16", *TGICTL_VARIANTS[name], *spec.tgictl_args], repo_env(spec.threads), "tgictl")
+                 "--dtype", "bfloat16", *TGICTL_VARIANTS[name], *spec.tgictl_args],
+                {**repo_env(spec.threads), **TGICTL_VARIANT_ENV.get(name, {})}, "tgictl")
     if name == "vllm":  # both cores compute (its default keeps one for serving)
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{spec.threads - 1}",
                    VLLM_CPU_KVCACHE_SPACE=str(spec.vllm_kv_gib))
@@ -85,6 +92,21 @@ def server_command(name: str, spec: ServerSpec, port: int) -> tuple[list[str], d
                  str(port), "-np", str(spec.slots), "-c", str((spec.max_len + 16) * spec.slots), "-t",
                  str(spec.threads), "--no-webui"], dict(os.environ), "bench")
     raise SystemExit(f"unknown server {name!r}")
+
+
+@contextmanager
+def busy_cores(count: int) -> Iterator[None]:
+    """`count` processes that each spin on a core until the block ends: a machine shared with other work (a
+    neighbour's job, a Kubernetes pod beside this one) as a script can make it. 0: nothing is started."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(count)]
+    try:
+        time.sleep(0.5 if spinners else 0.0)  # let the scheduler see them before the load starts
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def tree_rss_bytes(root: int) -> int:

@@ -23,6 +23,8 @@ JSON_OUTPUT_VAR = "TGICTL_JSON_OUTPUT"
 # launcher hands the key to its router (a command line is visible to every local user in `ps`; a
 # process's environment only to its owner).
 API_KEY_VAR = "TGICTL_API_KEY"
+# The OpenMP variables that place threads on CPUs (the standard's and libgomp's own).
+OMP_AFFINITY_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 # Test-only: make a shard fail chosen generation steps (see FaultInjection).
 FAULT_INJECT_VAR = "TGICTL_FAULT_INJECT"
 
@@ -177,6 +179,14 @@ class Env:
     # The shard steps a decoding batch ahead while the router handles the last step (runtime/shard/lookahead.py):
     # TGICTL_LOOKAHEAD=0 turns it off.
     lookahead: bool = True
+    # Each of the shard's OpenMP threads bound to a core of its own (runtime/shard/cpu_threads.py says why):
+    # TGICTL_BIND_THREADS=0 leaves them to the scheduler. Off as well where the user placed the threads
+    # (OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY set): their setting wins.
+    bind_threads: bool = True
+    user_thread_affinity: bool = False
+    # OMP_NUM_THREADS as the user (or the launcher, for tensor-parallel shards) set it: the shard's thread count,
+    # which then wins over the cgroup CPU limit the shard otherwise fits its threads to.
+    omp_num_threads: int | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Env:
@@ -212,6 +222,11 @@ class Env:
             c_compiler=_text(env, "CC"),
             prepack_weights=_auto_on_off(env, "TGICTL_PREPACK_WEIGHTS"),
             lookahead=_bool(env, "TGICTL_LOOKAHEAD") if _text(env, "TGICTL_LOOKAHEAD") else True,
+            bind_threads=_bool(env, "TGICTL_BIND_THREADS") if _text(env, "TGICTL_BIND_THREADS") else True,
+            user_thread_affinity=any(_text(env, name) for name in OMP_AFFINITY_VARS),
+            # OpenMP allows a list (one count per nesting level): the first is the shard's.
+            omp_num_threads=_int({"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "").split(",")[0].strip()},
+                                 "OMP_NUM_THREADS", minimum=1),
         )
 
     @property
@@ -277,6 +292,26 @@ def apply_shard_library_defaults() -> None:
     creates its cache, torch its huge-page switch at its first large allocation."""
     os.environ.setdefault(ONEDNN_CACHE_VAR, str(SHARD_ONEDNN_CACHE_CAPACITY))
     os.environ.setdefault(THP_VAR, "1")
+
+
+# libgomp (torch's OpenMP runtime, which the C kernels share) spins 300,000 times (~3 ms) at a barrier before its
+# thread sleeps. A decode step is hundreds of barriers; on cores another process shares, the spin holds the core
+# while the thread it waits for cannot run. 30,000 spins: SmolLM2 with both of 2 cores shared kept 0.36-0.37 of
+# its quiet tok/s against 0.10-0.11, quiet 0.98x at one client and 1.02x at four (medians of 3 rounds);
+# docs/benchmarks.md, "Sharing the cores". Read once, when libgomp loads (with torch), so the shard sets it before
+# it imports torch. A user's GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+SPIN_COUNT_VAR = "GOMP_SPINCOUNT"
+WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
+SHARD_SPIN_COUNT = 30_000
+
+
+def apply_shard_openmp_defaults() -> bool:
+    """Set the shard's OpenMP spin count unless the user chose one or a wait policy; call before torch is imported.
+    False where the user's setting stands."""
+    if SPIN_COUNT_VAR in os.environ or WAIT_POLICY_VAR in os.environ:
+        return False
+    os.environ[SPIN_COUNT_VAR] = str(SHARD_SPIN_COUNT)
+    return True
 
 
 # Progress bars of the libraries tgictl uses: huggingface_hub and transformers read the first (TGI's

@@ -147,3 +147,46 @@ def test_prepack_weights_policy(raw: str | None, policy: str) -> None:
 def test_a_malformed_prepack_policy_is_refused() -> None:
     with pytest.raises(ConfigError, match="TGICTL_PREPACK_WEIGHTS"):
         Env.from_environ({"HOME": "/h", "TGICTL_PREPACK_WEIGHTS": "sometimes"})
+
+
+def test_thread_binding_switch_and_a_users_placement() -> None:
+    env = Env.from_environ({"HOME": "/h"})
+    assert env.bind_threads is True and env.user_thread_affinity is False
+    assert Env.from_environ({"HOME": "/h", "TGICTL_BIND_THREADS": "off"}).bind_threads is False
+    for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"):
+        assert Env.from_environ({"HOME": "/h", name: "x"}).user_thread_affinity is True
+    assert Env.from_environ({"HOME": "/h", "OMP_PROC_BIND": ""}).user_thread_affinity is False
+
+
+def test_a_malformed_thread_binding_switch_is_refused() -> None:
+    with pytest.raises(ConfigError, match="TGICTL_BIND_THREADS"):
+        Env.from_environ({"HOME": "/h", "TGICTL_BIND_THREADS": "sometimes"})
+
+
+@pytest.mark.parametrize(("raw", "threads"), [(None, None), ("", None), ("4", 4), ("4,2", 4), (" 3 ", 3)])
+def test_omp_num_threads(raw: str | None, threads: int | None) -> None:
+    environ = {"HOME": "/h"} if raw is None else {"HOME": "/h", "OMP_NUM_THREADS": raw}
+    assert Env.from_environ(environ).omp_num_threads == threads
+
+
+@pytest.mark.parametrize("raw", ["0", "many"])
+def test_a_malformed_omp_num_threads_is_refused(raw: str) -> None:
+    with pytest.raises(ConfigError, match="OMP_NUM_THREADS"):
+        Env.from_environ({"HOME": "/h", "OMP_NUM_THREADS": raw})
+
+
+def test_shard_openmp_defaults_leave_a_users_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tgictl.env import SHARD_SPIN_COUNT, SPIN_COUNT_VAR, WAIT_POLICY_VAR, apply_shard_openmp_defaults
+
+    monkeypatch.delenv(SPIN_COUNT_VAR, raising=False)
+    monkeypatch.delenv(WAIT_POLICY_VAR, raising=False)
+    assert apply_shard_openmp_defaults() is True
+    assert os.environ[SPIN_COUNT_VAR] == str(SHARD_SPIN_COUNT)
+    monkeypatch.setenv(SPIN_COUNT_VAR, "1000")
+    assert apply_shard_openmp_defaults() is False
+    assert os.environ[SPIN_COUNT_VAR] == "1000"
+    # A wait policy decides the spin itself (passive: none); no count is added beside it.
+    monkeypatch.delenv(SPIN_COUNT_VAR)
+    monkeypatch.setenv(WAIT_POLICY_VAR, "passive")
+    assert apply_shard_openmp_defaults() is False
+    assert SPIN_COUNT_VAR not in os.environ

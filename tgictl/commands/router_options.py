@@ -60,6 +60,12 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help="Default and maximum: the KV tokens the shards hold after warmup.",
     )),
     ("max_batch_size", Optional[int], typer.Option(None, "--max-batch-size", show_default=False)),
+    ("prefill_group_tokens", Optional[int], typer.Option(
+        None, "--prefill-group-tokens", show_default=False,
+        help="A prefill step takes a request after its first only while their prompt tokens stay within this, "
+        "so a burst of short prompts starts over several steps and the first answers stream early; one long "
+        "prompt still fills --max-batch-prefill-tokens (default: 512 on a CPU, no limit on CUDA; 0: no limit).",
+    )),
     ("decode_steps", int, typer.Option(
         _DEFAULTS["decode_steps"], "--decode-steps",
         help="Decode steps per shard call while no request waits to join: fewer round trips per token, "

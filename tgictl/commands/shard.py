@@ -26,7 +26,7 @@ from tgictl.config import (
     default_uds_path,
     parse_lora_adapters,
 )
-from tgictl.env import read_env
+from tgictl.env import apply_shard_openmp_defaults, read_env
 from tgictl.quantization import quantize_spec
 from tgictl.units import parse_size
 
@@ -95,6 +95,7 @@ def shard(
         lora_adapters=parse_lora_adapters(lora_adapters if lora_adapters is not None else env.lora_adapters),
         health_step_timeout_s=health_step_timeout,
     )
+    apply_shard_openmp_defaults()  # before torch loads libgomp, which reads it once
     from tgictl.runtime.shard.server import (
         serve,  # torch loads only once the flags are known good
     )

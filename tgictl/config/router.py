@@ -47,6 +47,11 @@ class RouterConfig:
     max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
+    # A Prefill takes a request after its first only while the prompt tokens to compute stay within this, so a
+    # burst of short prompts starts over several steps and the first ones stream early (docs/scheduling.md, "Prefill
+    # groups"); one long prompt still fills --max-batch-prefill-tokens.
+    # None: the device's default (scheduling/limits.py: 512 on a CPU, no limit on CUDA); 0: no limit.
+    prefill_group_tokens: int | None = None
     # Decode steps per shard call while no request waits to join (runtime/shard/decode_steps.py): fewer
     # round trips per token, tokens streamed in bursts of up to this many. 1: one step per call, as TGI.
     decode_steps: int = 4
@@ -126,6 +131,8 @@ class RouterConfig:
                 f"--max-connections ({self.max_connections}) must be above --max-concurrent-requests "
                 f"({self.max_concurrent_requests}): every request holds a connection, and /health needs one too"
             )
+        if self.prefill_group_tokens is not None and self.prefill_group_tokens < 0:
+            raise ConfigError(f"--prefill-group-tokens must be >= 0, got {self.prefill_group_tokens}")
         if not 0 <= self.decode_call_ms <= 10_000:
             raise ConfigError(f"--decode-call-ms must be within 0..10000, got {self.decode_call_ms}")
         if self.decode_steps > MAX_DECODE_STEPS:

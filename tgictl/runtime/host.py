@@ -37,12 +37,34 @@ def _memory_from_sysconf() -> tuple[int, int]:
     return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
 
 
-def usable_cores() -> int:
-    """Cores this process may run on: its affinity mask, which a container or taskset narrows."""
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The whole cores a cgroup CPU limit lets this process keep busy (a Kubernetes pod's `limits.cpu`,
+    `docker run --cpus`): quota over period, rounded down, at least 1; None without a limit or cgroup.
+    cgroup v2's cpu.max ("max 100000" or "250000 100000"), else v1's cpu.cfs_quota_us (-1: none)."""
     try:
-        return len(os.sched_getaffinity(0))
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, int(quota) // int(period))
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    for v1 in (root / "cpu", root / "cpu,cpuacct"):
+        try:
+            quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+            period_us = int((v1 / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return None if quota_us <= 0 or period_us <= 0 else max(1, quota_us // period_us)
+    return None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask, which a container or taskset narrows, and no more than
+    its cgroup's CPU limit (threads beyond the quota spend it waiting for each other, then all stall)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return cores if limit is None else min(cores, limit)
 
 
 # /proc/cpuinfo flags of native bf16 dot products (AVX512-BF16, AMX). Without them oneDNN emulates

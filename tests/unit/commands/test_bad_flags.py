@@ -61,6 +61,7 @@ CASES: dict[str, list[str] | str] = {
     "--max-concurrent-requests": ["--max-concurrent-requests", "0"],
     "--decode-steps": ["--decode-steps", "0"],
     "--decode-call-ms": ["--decode-call-ms", "-1"],
+    "--prefill-group-tokens": ["--prefill-group-tokens", "-1"],
     "--max-best-of": ["--max-best-of", "0"],
     "--max-stop-sequences": ["--max-stop-sequences", "-1"],
     "--max-top-n-tokens": ["--max-top-n-tokens", "-1"],

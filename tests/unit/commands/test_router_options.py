@@ -68,7 +68,7 @@ def test_every_flag_reaches_its_field() -> None:
         "--graceful-termination-timeout", "3.5",
         "--max-concurrent-requests", "7", "--max-input-tokens", "100", "--max-total-tokens", "200",
         "--max-batch-prefill-tokens", "300", "--max-batch-total-tokens", "400", "--max-batch-size", "8",
-        "--decode-steps", "2", "--decode-call-ms", "12.5", "--no-prefix-caching",
+        "--prefill-group-tokens", "256", "--decode-steps", "2", "--decode-call-ms", "12.5", "--no-prefix-caching",
         "--scheduling-policy", "priority", "--max-best-of", "3",
         "--max-stop-sequences", "6", "--max-top-n-tokens", "10", "--max-client-batch-size", "11",
         "--api-key", "k", "--cors-allow-origin", "https://a.example", "--cors-allow-origin", "https://b.example",
@@ -83,7 +83,7 @@ def test_every_flag_reaches_its_field() -> None:
     assert config == RouterConfig(
         master_shard_uds_path="/s-0", tokenizer_name="t", served_model_name="tgi", hostname="0.0.0.0", port=9000,
         graceful_termination_timeout_s=3.5, max_concurrent_requests=7, max_input_tokens=100, max_total_tokens=200,
-        max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, decode_steps=2,
+        max_batch_prefill_tokens=300, max_batch_total_tokens=400, max_batch_size=8, prefill_group_tokens=256, decode_steps=2,
         decode_call_ms=12.5, prefix_caching=False, scheduling_policy=SchedulingPolicy.PRIORITY,
         max_best_of=3, max_stop_sequences=6, max_top_n_tokens=10,
         max_client_batch_size=11,

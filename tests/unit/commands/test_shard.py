@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tgictl.cli import main
@@ -50,3 +53,11 @@ def test_bad_flags_are_usage_errors(
     code, err = _run(capsys, "--model-id", "/nonexistent", *args)
     assert code == 2
     assert message in err
+
+
+def test_the_cli_has_not_loaded_torch_when_the_shard_sets_openmps_defaults() -> None:
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: every command module the CLI registers must leave
+    torch unimported until `tgictl shard` has set the variable (env.apply_shard_openmp_defaults)."""
+    probe = "import sys; from tgictl.cli import build_app; build_app(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

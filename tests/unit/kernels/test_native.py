@@ -12,6 +12,7 @@ from paged_cases import CaseSpec, build_case
 
 from tgictl.kernels import attention_reference
 from tgictl.kernels.attention_fast import decode_attention, decode_attention_torch
+from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS
 from tgictl.kernels.native import _bind, _build, load_native_kernels
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
@@ -166,16 +167,36 @@ def test_small_linear_bf16_weight_float32_rows() -> None:
 
 
 def test_linear_dispatch_uses_native_for_few_rows_only() -> None:
-    from tgictl.kernels.linear import SMALL_LINEAR_MAX_ROWS, linear
+    from tgictl.kernels.linear import linear, matrix_vector_max_rows
 
     kernels = load_native_kernels()
     assert kernels is not None
-    limit = SMALL_LINEAR_MAX_ROWS[torch.bfloat16]
+    limit = matrix_vector_max_rows(torch.bfloat16)
     weight = torch.randn(64, 32).to(torch.bfloat16)
     few = torch.randn(limit, 32).to(torch.bfloat16)
     many = torch.randn(limit + 1, 32).to(torch.bfloat16)
     assert torch.equal(linear(few, weight), kernels.small_linear(few, weight, None))
-    assert torch.equal(linear(many, weight), torch.nn.functional.linear(many, weight))
+    if limit == SMALL_LINEAR_MAX_ROWS[torch.bfloat16]:
+        assert torch.equal(linear(many, weight), torch.nn.functional.linear(many, weight))
     assert kernels.small_linear(few, weight.t(), None) is None  # a transposed view: torch takes it
     half = few.half()
     assert torch.equal(linear(half, weight.half()), torch.nn.functional.linear(half, weight.half()))
+
+
+def test_bf16_matrix_vector_rows_end_where_vdpbf16ps_takes_over() -> None:
+    """On CPUs with AVX512-BF16 and no AMX, bf16 products of 2-4 rows run the VDPBF16PS kernel (it beat the
+    matrix-vector kernel there, kernels/linear.py); elsewhere the matrix-vector kernel keeps 1-4 rows."""
+    from tgictl.kernels.linear import amx_available, dpbf16_linear_available, linear, matrix_vector_max_rows
+
+    kernels = load_native_kernels()
+    assert kernels is not None
+    zen_like = dpbf16_linear_available() and not amx_available()
+    assert matrix_vector_max_rows(torch.bfloat16) == (1 if zen_like else SMALL_LINEAR_MAX_ROWS[torch.bfloat16])
+    assert matrix_vector_max_rows(torch.float32) == SMALL_LINEAR_MAX_ROWS[torch.float32]
+    weight = (torch.randn(200, 1024) * 0.05).to(torch.bfloat16)
+    for rows in range(1, 5):
+        x = torch.randn(rows, 1024).to(torch.bfloat16)
+        expected = kernels.small_linear(x, weight, None) if rows == 1 or not zen_like \
+            else kernels.dpbf16_linear(x, weight, None)
+        assert torch.equal(linear(x, weight), expected)
+        torch.testing.assert_close(linear(x, weight).float(), x.float() @ weight.float().T, atol=2e-2, rtol=2e-2)

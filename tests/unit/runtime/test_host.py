@@ -8,6 +8,7 @@ import torch
 
 from tgictl.runtime.host import (
     CpuHost,
+    cgroup_cpu_limit,
     cpu_has_native_bf16,
     default_serving_dtype,
     discover_cpu,
@@ -55,7 +56,8 @@ def test_usable_cores_follow_the_affinity_mask() -> None:
         assert usable_cores() == 1
     finally:
         os.sched_setaffinity(0, mask)
-    assert usable_cores() == len(mask)
+    limit = cgroup_cpu_limit()  # a CI container's CPU limit caps it too
+    assert usable_cores() == (len(mask) if limit is None else min(len(mask), limit))
 
 
 def test_discover_cpu_falls_back_to_sysconf(tmp_path: Path) -> None:
@@ -88,3 +90,20 @@ def test_serving_dtype_per_device() -> None:
     # the shard on this CPU follows the same rule as profile's estimate
     expected = "bfloat16" if cpu_has_native_bf16() else "float32"
     assert default_dtype(torch.device("cpu")) == expected
+
+
+@pytest.mark.parametrize(("files", "limit"), [
+    ({"cpu.max": "max 100000\n"}, None),  # cgroup v2, no limit
+    ({"cpu.max": "400000 100000\n"}, 4),  # limits.cpu: "4"
+    ({"cpu.max": "250000 100000\n"}, 2),  # 2.5 cores: two threads keep busy within it
+    ({"cpu.max": "50000 100000\n"}, 1),  # half a core: still one thread
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # cgroup v1, no limit
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 3),
+    ({"cpu.max": "garbage\n"}, None),
+    ({}, None),  # no cgroup filesystem
+])
+def test_cgroup_cpu_limit(tmp_path: Path, files: dict[str, str], limit: int | None) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_limit(tmp_path) == limit

@@ -25,6 +25,8 @@ int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uin
                              int threads);
 int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
+int tgictl_amx_linear_available(void);
+int tgictl_dpbf16_linear_available(void);
 int tgictl_dpbf16_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                               int64_t n, int64_t k, int threads);
 void tgictl_qlinear_int8(const float *x, const int8_t *q, const void *scales, int scales_bf16, const float *bias,
@@ -36,6 +38,11 @@ int tgictl_qlinear_int8_bf16(const uint16_t *x, const int8_t *q, const uint16_t 
  * the many-row kernels: AMX on bf16 rows, else VDPBF16PS, else FMA (AVX2 builds; kernels/linear.py tries them in
  * the same order), the bf16-tile kernel on int4 (whose input width is then k_pad), decoded strips on int8. */
 #define MATRIX_VECTOR_MAX_ROWS 4
+
+/* bf16 rows: kernels/linear.py's matrix_vector_max_rows (VDPBF16PS from 2 rows where the CPU has it and no AMX). */
+static inline int64_t bf16_matrix_vector_max_rows(void) {
+    return tgictl_dpbf16_linear_available() && !tgictl_amx_linear_available() ? 1 : MATRIX_VECTOR_MAX_ROWS;
+}
 
 /* One projection as the C loops multiply it (kernels/decode_layers.py builds these). */
 typedef struct {
@@ -63,7 +70,7 @@ static inline int linear_by_desc(const linear_desc *w, const uint16_t *x, uint16
         for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);
         return 0;
     }
-    if (m > MATRIX_VECTOR_MAX_ROWS) {
+    if (m > (w->group == 0 ? bf16_matrix_vector_max_rows() : MATRIX_VECTOR_MAX_ROWS)) {
         if (w->group == 0) { /* kernels/linear.py's order: each declines where its build or shape does not fit */
             const uint16_t *weight = w->weight;
             if (tgictl_amx_linear_bf16(x, weight, bias, y, m, n, k, threads) == 0) return 0;

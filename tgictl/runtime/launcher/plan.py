@@ -50,6 +50,7 @@ ROUTER_FLAGS: dict[str, str] = {
     "max_batch_prefill_tokens": "--max-batch-prefill-tokens",
     "max_batch_total_tokens": "--max-batch-total-tokens",
     "max_batch_size": "--max-batch-size",
+    "prefill_group_tokens": "--prefill-group-tokens",
     "decode_steps": "--decode-steps",
     "decode_call_ms": "--decode-call-ms",
     "prefix_caching": "--prefix-caching",

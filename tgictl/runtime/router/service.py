@@ -40,7 +40,9 @@ from tgictl.runtime.router.request_log import RequestOrigin, log_finished
 from tgictl.runtime.router.scheduling.batcher import Batcher, BatcherConfig, ShardClient
 from tgictl.runtime.router.scheduling.entry import TokenTexts
 from tgictl.runtime.router.scheduling.event_channel import EventChannel, events
-from tgictl.runtime.router.scheduling.limits import RouterLimits, derive_limits, max_batch_prefill_tokens, warmup_request
+from tgictl.runtime.router.scheduling.limits import (
+    RouterLimits, derive_limits, max_batch_prefill_tokens, prefill_group_tokens, warmup_request,
+)
 from tgictl.runtime.router.scheduling.queue import Queue
 from tgictl.runtime.router.scheduling.scheduler import release_window
 from tgictl.runtime.router.text.reasoning import REASONING_FORMATS
@@ -176,6 +178,7 @@ class RouterService:
             BatcherConfig(
                 max_batch_prefill_tokens=limits.max_batch_prefill_tokens,
                 max_batch_size=limits.max_batch_size,
+                prefill_group_tokens=prefill_group_tokens(config, info),
                 decode_steps=config.decode_steps,
                 decode_call_ns=round(config.decode_call_ms * 1e6),
                 speculate=info.speculate,

@@ -29,6 +29,7 @@ from tgictl.errors import ConfigError, DeviceError
 from tgictl.kernels.batch_invariance import enable_batch_invariance
 from tgictl.progress import phase
 from tgictl.proto.generate_pb2_grpc import add_TextGenerationServiceServicer_to_server
+from tgictl.runtime.shard.cpu_threads import configure_cpu_threads
 from tgictl.runtime.shard.dist import DistContext, destroy_distributed, init_distributed
 from tgictl.runtime.shard.faults import StepFaults
 from tgictl.runtime.shard.host_memory import limit_malloc_arenas
@@ -109,6 +110,8 @@ def _load(config: ShardConfig, hub: HubConfig | None) -> tuple[ShardRuntime, Dis
     model_dir = _resolve_model(config, hub)
     adapters = _resolve_adapters(config, hub)
     device = select_device(config.rank)
+    if device.type == "cpu":  # before loading: its parallel regions are the first the team runs
+        configure_cpu_threads(read_env(), config.rank, config.world_size)
     dtype = config.dtype or default_dtype(device)
     dist = init_distributed(
         config.rank, config.world_size, config.master_addr or "127.0.0.1", config.master_port or 29500, device,

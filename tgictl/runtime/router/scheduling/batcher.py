@@ -53,6 +53,7 @@ class ShardClient(Protocol):
 class BatcherConfig:
     max_batch_prefill_tokens: int
     max_batch_size: int | None = None
+    prefill_group_tokens: int | None = None  # SchedulerConfig.prefill_group_tokens
     decode_steps: int = 1  # per Decode while the queue is empty (RouterConfig.decode_steps)
     decode_call_ns: int = 0  # more steps while they are short, to about this forward per call (RouterConfig)
     speculate: int = 0  # the shard's draft tokens per step (Info.speculate): blocks are granted ahead for them
@@ -74,7 +75,8 @@ class Batcher:
         self._on_error = on_error
         self.scheduler = Scheduler(queue, allocator, texts, SchedulerConfig(
             max_batch_prefill_tokens=config.max_batch_prefill_tokens, max_batch_size=config.max_batch_size,
-            speculate=config.speculate, release_window=config.release_window,
+            prefill_group_tokens=config.prefill_group_tokens, speculate=config.speculate,
+            release_window=config.release_window,
         ))
         self._step_ns: float | None = None  # forward per step of the last Decode whose steps all ran
         self._wakeup = asyncio.Event()

@@ -106,13 +106,15 @@ class Queue:
 
     def next_batch(
         self, max_size: int | None, prefill_budget: int, *, ahead: int = 1, reserve: int = 0,
-        make_room: MakeRoom = lambda entry: False,
+        make_room: MakeRoom = lambda entry: False, group_tokens: int | None = None,
     ) -> NextBatch | None:
         """Entries for the next Prefill, in queue order, while their blocks fit the allocator (keeping
         `reserve` blocks available) and their prompts the prefill budget (the last one may be cut into a
         chunk); under `priority`, only entries of the head's priority. Each gets blocks for its prompt plus
         `ahead` tokens (the positions its first steps write: the look-ahead step's, drafts), at most its
-        whole budget."""
+        whole budget. `group_tokens` (None: no such limit): a request after the first joins only while the
+        prompt tokens to compute stay within it, so a burst of short prompts starts in several steps and
+        the first of them get their first token early; one long prompt still fills the budget."""
         if prefill_budget <= 0 or not self._entries:
             return None
         if max_size is not None and max_size <= 0:
@@ -142,6 +144,10 @@ class Queue:
                 break
             prefix_len = allocation.prefix_len
             postfix = entry.round.input_length - prefix_len
+            if taken and group_tokens is not None and prefill_tokens + postfix > group_tokens:
+                self._allocator.free(allocation, None)
+                self._push_head(entry)
+                break
             chunk_len: int | None = None
             if prefill_tokens + postfix > prefill_budget:
                 remaining = prefill_budget - prefill_tokens

@@ -58,6 +58,9 @@ def release_window(layer_windows: Sequence[int], groups: KvGroups | None = None)
 class SchedulerConfig:
     max_batch_prefill_tokens: int
     max_batch_size: int | None = None
+    # A Prefill takes a request after its first only while the prompt tokens stay within this (Queue.next_batch);
+    # None: the budget alone (RouterConfig.prefill_group_tokens).
+    prefill_group_tokens: int | None = None
     speculate: int = 0  # draft tokens a decoding row may verify per step (Info.speculate): blocks ahead for them
     # The narrowest sliding window when EVERY layer has one (Info.layer_windows), or the local group's with two
     # layer groups, else None: a decoding request's blocks that all (local) layers have left behind go back to
@@ -171,7 +174,7 @@ class Scheduler:
         reserve = max(1, int(self._allocator.total_blocks * ADMISSION_WATERMARK)) if self.running else 0
         return self.queue.next_batch(
             max_size, budget, ahead=1 + config.speculate, reserve=reserve,
-            make_room=lambda head: self._make_room(head, preempted),
+            make_room=lambda head: self._make_room(head, preempted), group_tokens=config.prefill_group_tokens,
         )
 
     def _make_room(self, head: Entry, preempted: list[int]) -> bool:

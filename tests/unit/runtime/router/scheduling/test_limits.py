@@ -14,6 +14,7 @@ from tgictl.runtime.router.scheduling.scheduler import release_window
 from tgictl.runtime.router.scheduling.limits import (
     derive_limits,
     max_batch_prefill_tokens,
+    prefill_group_tokens,
     warmup_request,
 )
 
@@ -48,6 +49,13 @@ def test_default_max_batch_prefill_tokens() -> None:
     assert max_batch_prefill_tokens(config(), fake_info()) == 2048  # clamped to max_position_embeddings
     assert max_batch_prefill_tokens(config(), replace(fake_info(), max_position_embeddings=10**5)) == 4096
     assert max_batch_prefill_tokens(config(max_batch_prefill_tokens=99), fake_info()) == 99
+
+
+def test_prefill_group_tokens_default_by_device_and_zero_is_no_limit() -> None:
+    assert prefill_group_tokens(config(), fake_info()) == 512  # a CPU shard
+    assert prefill_group_tokens(config(), replace(fake_info(), device_type="cuda")) is None
+    assert prefill_group_tokens(config(prefill_group_tokens=0), fake_info()) is None
+    assert prefill_group_tokens(config(prefill_group_tokens=96), replace(fake_info(), device_type="cuda")) == 96
 
 
 def test_limits_from_warmup() -> None:

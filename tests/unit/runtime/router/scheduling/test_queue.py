@@ -161,3 +161,32 @@ def test_cached_prefix_sets_cache_len_and_a_full_hit_recomputes_the_last_token_p
     allocator.check_integrity()
 
 
+
+
+def test_a_burst_of_short_prompts_is_split_by_the_group_limit_and_a_long_prompt_is_not() -> None:
+    allocator = BlockAllocator(num_blocks=512, block_size=4)
+    queue = Queue(allocator, block_size=4)
+    for _ in range(16):
+        queue.append(entry(input_ids=tuple(range(64)), max_new_tokens=2))
+    # 16 prompts of 64 tokens fit the budget; the group limit starts 8 now (512 tokens) and 8 at the next step.
+    first = queue.next_batch(None, 4096, group_tokens=512)
+    assert first is not None and list(first.entries) == list(range(8))
+    assert all(r.chunk_len is None for r in first.batch.requests)
+    second = queue.next_batch(None, 4096, group_tokens=512)
+    assert second is not None and list(second.entries) == list(range(8, 16)) and len(queue) == 0
+    # A request is never cut for the group: the 9th whole prompt would pass 500 tokens, so it waits.
+    for _ in range(16):
+        queue.append(entry(input_ids=tuple(range(64)), max_new_tokens=2))
+    seven = queue.next_batch(None, 4096, group_tokens=500)
+    assert seven is not None and list(seven.entries) == list(range(16, 23))
+    # One long prompt still fills the whole budget (it is chunked by the budget only); nothing joins it.
+    queue = Queue(BlockAllocator(num_blocks=2048, block_size=4), block_size=4)
+    queue.append(entry(input_ids=tuple(range(3000)), max_new_tokens=2))
+    queue.append(entry(input_ids=tuple(range(8)), max_new_tokens=2))
+    nb = queue.next_batch(None, 2048, group_tokens=512)
+    assert nb is not None and list(nb.entries) == [0] and nb.batch.requests[0].chunk_len == 2048
+    # Without a group limit the whole burst is one step, as before.
+    queue = Queue(BlockAllocator(num_blocks=512, block_size=4), block_size=4)
+    for _ in range(16):
+        queue.append(entry(input_ids=tuple(range(64)), max_new_tokens=2))
+    assert len(queue.next_batch(None, 4096).entries) == 16  # type: ignore[union-attr]

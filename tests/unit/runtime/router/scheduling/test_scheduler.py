@@ -276,3 +276,24 @@ def test_a_cancelled_request_that_is_preempted_is_not_queued_again(texts: TokenT
     preempted: list[int] = []
     sched._preempt(leaving, preempted)
     assert preempted == [0] and len(sched.queue) == 0 and leaving.status is RequestStatus.FINISHED
+
+
+def test_a_burst_starts_over_several_prefills_and_the_first_group_decodes_beside_the_next(texts: TokenTexts) -> None:
+    """With prefill_group_tokens the first requests of a burst get their first token after their own prompts;
+    the next group's Prefill carries them (the shard's mixed forward), and every block they took is accounted."""
+    allocator = BlockAllocator(num_blocks=256, block_size=4)
+    queue = Queue(allocator, block_size=4)
+    sched = Scheduler(queue, allocator, texts, SchedulerConfig(max_batch_prefill_tokens=4096, prefill_group_tokens=32))
+    burst = [entry(tuple(range(1, 9)), 5) for _ in range(10)]  # 8-token prompts: 4 per group of 32
+    for waiting in burst:
+        sched.add(waiting)
+    plan = sched.schedule(None, 4)
+    assert plan is not None and plan.prefill is not None and list(plan.prefill.entries.values()) == burst[:4]
+    assert plan.steps == 1  # requests still wait: one step, then the next group joins
+    plan = sched.schedule(step(sched, plan), 4)
+    assert plan is not None and plan.prefill is not None and list(plan.prefill.entries.values()) == burst[4:8]
+    plan = sched.schedule(step(sched, plan), 4)
+    assert plan is not None and plan.prefill is not None and list(plan.prefill.entries.values()) == burst[8:]
+    assert len(sched.running) == 10 and len(sched.queue) == 0
+    plan = sched.schedule(step(sched, plan), 4)
+    assert plan is not None and plan.prefill is None and plan.steps == 4  # all decode now, several steps per call
