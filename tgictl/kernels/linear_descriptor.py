@@ -11,14 +11,14 @@ import torch
 
 from tgictl.kernels.linear import amx_available, dpbf16_linear_available, fma_linear_available
 from tgictl.kernels.linear_methods import DenseWeight, Int4Weight, Int8Weight, LinearWeight
-from tgictl.kernels.linear_methods.native import quant_kernels
+from tgictl.kernels.linear_methods.native import int4_sz_form, quant_kernels
 
 
 class LinearDescriptor(ctypes.Structure):
     """csrc/linear_desc.h's linear_desc: bf16 rows (group 0), int4 tiles or int8 rows (group INT8_ROWS)."""
 
     _fields_ = [("weight", ctypes.c_void_p), ("scales_zeros", ctypes.c_void_p), ("group", ctypes.c_int64),
-                ("k_pad", ctypes.c_int64)]
+                ("k_pad", ctypes.c_int64), ("sz_form", ctypes.c_int64)]
 
 
 INT8_ROWS = -1  # csrc/linear_desc.h's INT8_ROWS: the group that marks int8 rows
@@ -32,17 +32,17 @@ def linear_descriptor(weight: LinearWeight, out_in: tuple[int, int]) -> LinearDe
     if isinstance(weight, DenseWeight):
         w = weight.weight
         ok = w.device.type == "cpu" and w.dtype == torch.bfloat16 and w.is_contiguous()
-        return LinearDescriptor(w.data_ptr(), None, 0, 0) if ok else None
+        return LinearDescriptor(w.data_ptr(), None, 0, 0, 0) if ok else None
     if isinstance(weight, Int4Weight):
         packed, sz = weight.packed, weight.scales_zeros
         ok = packed.device.type == "cpu" and sz.dtype == torch.bfloat16 and packed.is_contiguous() \
             and sz.is_contiguous()
-        return LinearDescriptor(packed.data_ptr(), sz.data_ptr(), weight.group_size,
-                                weight.padded_in_features) if ok else None
+        return LinearDescriptor(packed.data_ptr(), sz.data_ptr(), weight.group_size, weight.padded_in_features,
+                                int4_sz_form(sz)) if ok else None
     if isinstance(weight, Int8Weight):
         q, scales = weight.qweight, weight.scales
         ok = q.device.type == "cpu" and scales.dtype == torch.bfloat16 and q.is_contiguous() and scales.is_contiguous()
-        return LinearDescriptor(q.data_ptr(), scales.data_ptr(), INT8_ROWS, 0) if ok else None
+        return LinearDescriptor(q.data_ptr(), scales.data_ptr(), INT8_ROWS, 0, 0) if ok else None
     return None
 
 

@@ -16,7 +16,8 @@
  * rounded once to bf16 after the bias.
  *
  * Layouts: x [m, k_pad] bf16 (the caller pads the columns to the tiles' K_pad with zeros), packed
- * [ceil(n / 64), k_pad, 32] uint8 and scales_zeros [k_pad / group, n_pad, 2] bf16 as int4.py describes,
+ * [ceil(n / 64), k_pad, 32] uint8 and scales_zeros bf16 ([k_pad / group, n_pad, 2], or [k_pad / group, n_pad]
+ * without zeros as `sz_form` says: int4_scales.h) as int4.py describes,
  * bias [n] float32 or NULL, y [m, n] bf16. Parallel over tiles with OpenMP, `threads` wide.
  */
 #define _GNU_SOURCE
@@ -68,7 +69,8 @@ static inline uint16_t *block_at(uint16_t *buffer, int64_t k_pad, int half, int6
     return buffer + half * k_pad * HALF_TILE + (kb * 2 + s) * BLOCK_ELEMS;
 }
 
-static void dequantize_tile(const uint8_t *tile, const uint16_t *sz, int64_t group, int64_t k_pad, int64_t n_pad,
+static void dequantize_tile(const uint8_t *tile, const uint16_t *sz, int sz_form, int64_t group, int64_t k_pad,
+                            int64_t n_pad,
                             int64_t row0, uint16_t *buffer) {
     uint16_t order[32]; /* element 2i <- i (column c), 2i + 1 <- 16 + i (column c + 1) */
     for (int i = 0; i < 16; i++) {
@@ -79,7 +81,7 @@ static void dequantize_tile(const uint8_t *tile, const uint16_t *sz, int64_t gro
     const __m512i low4 = _mm512_set1_epi32(15);
     for (int64_t g = 0; g < k_pad / group; g++) {
         __m512 scale[4], offset[4]; /* output rows 16 v .. + 16 of the tile */
-        for (int v = 0; v < 4; v++) scales_offsets(sz, 1, (g * n_pad + row0) * 2, v, &scale[v], &offset[v]);
+        for (int v = 0; v < 4; v++) scales_offsets(sz, sz_form, g, n_pad, row0, v, &scale[v], &offset[v]);
         for (int64_t c = g * group; c < (g + 1) * group; c += 2) {
             for (int s = 0; s < 2; s++) { /* bytes 16 s .. + 16: rows 16 s + j (low nibble), 32 + 16 s + j (high) */
                 __m512 w[2][2];          /* [half][column c + e] */
@@ -208,12 +210,14 @@ static void tile_by_amx(const uint16_t *x, uint16_t *buffer, int64_t m, int64_t 
 #endif
 #endif
 
-/* Returns 0, or -1 when this build has no bf16 dot product, k_pad is not a multiple of 32 or scratch
+/* Returns 0, or -1 when this build has no bf16 dot product, k_pad is not a multiple of 32, the scales are not
+ * bf16 or scratch
  * memory is refused (the caller takes another backend). */
-int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int64_t group,
-                             const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads) {
+int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int sz_form,
+                             int64_t group, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad,
+                             int threads) {
 #if defined(HAVE_BF16_DOT)
-    if (k_pad % KBLOCK != 0 || group % 2 != 0) return -1;
+    if (k_pad % KBLOCK != 0 || group % 2 != 0 || !(sz_form & SZ_BF16)) return -1;
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE;
     const int amx = tgictl_int4_bf16_path() == 2;
     int failed = 0;
@@ -225,7 +229,8 @@ int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uin
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             if (buffer == NULL) continue;
-            dequantize_tile(packed + t * k_pad * HALF_TILE, scales_zeros, group, k_pad, n_pad, t * TILE, buffer);
+            dequantize_tile(packed + t * k_pad * HALF_TILE, scales_zeros, sz_form, group, k_pad, n_pad, t * TILE,
+                            buffer);
 #if defined(HAVE_AMX)
             if (amx) {
                 tile_by_amx(x, buffer, m, k_pad, bias, y, n, t * TILE, configured);
@@ -243,8 +248,8 @@ int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uin
     }
     return failed ? -1 : 0;
 #else
-    (void)x, (void)packed, (void)scales_zeros, (void)group, (void)bias, (void)y, (void)m, (void)n, (void)k_pad;
-    (void)threads;
+    (void)x, (void)packed, (void)scales_zeros, (void)sz_form, (void)group, (void)bias, (void)y, (void)m, (void)n;
+    (void)k_pad, (void)threads;
     return -1;
 #endif
 }

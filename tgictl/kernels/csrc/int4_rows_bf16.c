@@ -17,11 +17,13 @@
  * (x's group sums in float32, in column order). The same value as the float32 kernel up to the order of
  * float additions (and VDPBF16PS's flushing of denormal inputs and products to zero).
  *
- * Layouts as quant_linear.c: x [m, k] bf16, packed [ceil(n / 64), k_pad, 32] uint8, scales_zeros
- * [k_pad / group, n_pad, 2] bf16, bias [n] float32 or NULL, y [m, n] float32. The group size is even.
+ * Layouts as quant_linear.c: x [m, k] bf16, packed [ceil(n / 64), k_pad, 32] uint8, scales_zeros bf16 as
+ * `sz_form` says ([k_pad / group, n_pad, 2] pairs, or [k_pad / group, n_pad] scales of a symmetric format, whose
+ * step then reads 18 bytes per 32 weights instead of 20), bias [n] float32 or NULL, y [m, n] float32. The group
+ * size is even.
  * Returns 0; -1 where this build lacks the instructions (tgictl_int4_rows_bf16_available() says so once),
- * m is outside 1..4, the group size is odd or scratch memory was refused (the caller then takes the float32
- * kernel).
+ * m is outside 1..4, the group size is odd, the scales are not bf16 or scratch memory was refused (the caller
+ * then takes the float32 kernel).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -70,8 +72,8 @@ static __m512i nibble_table(void) {
 }
 
 static inline __attribute__((always_inline)) void int4_tile_bf16(
-    const uint16_t *x, const float *xsum, const uint8_t *tile, const uint16_t *sz, int64_t group, int64_t groups,
-    int64_t n_pad, int64_t row0, const int M, int64_t k, __m512i index0, __m512i index1, __m512i table,
+    const uint16_t *x, const float *xsum, const uint8_t *tile, const uint16_t *sz, int sz_form, int64_t group,
+    int64_t groups, int64_t n_pad, int64_t row0, const int M, int64_t k, __m512i index0, __m512i index1, __m512i table,
     float out[MAX_ROWS][TILE]) {
     const __mmask64 even_bytes = 0x5555555555555555ull;
     const __m512i low4 = _mm512_set1_epi16(15);
@@ -104,13 +106,14 @@ static inline __attribute__((always_inline)) void int4_tile_bf16(
                 for (int v = 0; v < 4; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w[v], xv);
             }
         }
-        const int64_t base = (g * n_pad + row0) * 2;
-        /* the scales two groups on: one strided line per group and vector, which no prefetcher follows */
+        /* the scales two groups on: one strided line per group and vector (pairs) or per two vectors (scales
+         * alone), which no prefetcher follows */
         if (g + 2 < groups)
-            for (int v = 0; v < 4; v++) _mm_prefetch((const char *)(sz + base + 4 * n_pad + 32 * v), _MM_HINT_T0);
+            for (int v = 0; v < 4; v++)
+                _mm_prefetch((const char *)(sz + sz_index(sz_form, g + 2, n_pad, row0 + 16 * v)), _MM_HINT_T0);
         for (int v = 0; v < 4; v++) {
             __m512 scale, offset;
-            scales_offsets(sz, 1, base, v, &scale, &offset);
+            scales_offsets(sz, sz_form, g, n_pad, row0, v, &scale, &offset);
             for (int r = 0; r < M; r++) {
                 total[r][v] = _mm512_fmadd_ps(scale, acc[r][v], total[r][v]);
                 total[r][v] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), total[r][v]);
@@ -122,9 +125,9 @@ static inline __attribute__((always_inline)) void int4_tile_bf16(
 }
 
 int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads) {
-    if (m < 1 || m > MAX_ROWS || group % 2 != 0) return -1;
+                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t k_pad, int threads) {
+    if (m < 1 || m > MAX_ROWS || group % 2 != 0 || !(sz_form & SZ_BF16)) return -1;
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE, groups = k_pad / group;
     float *xsum = int4_group_sums(x, 1, m, k, group, groups);
     if (xsum == NULL) return -1;
@@ -137,12 +140,13 @@ int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, cons
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *tile = packed + t * k_pad * HALF_TILE;
         const int64_t row0 = t * TILE, valid = n - row0 < TILE ? n - row0 : TILE;
+        const uint16_t *sz = scales_zeros;
         float out[MAX_ROWS][TILE];
         switch (m) { /* constant row counts: the sums stay in registers */
-        case 1: int4_tile_bf16(x, xsum, tile, scales_zeros, group, groups, n_pad, row0, 1, k, index0, index1, table, out); break;
-        case 2: int4_tile_bf16(x, xsum, tile, scales_zeros, group, groups, n_pad, row0, 2, k, index0, index1, table, out); break;
-        case 3: int4_tile_bf16(x, xsum, tile, scales_zeros, group, groups, n_pad, row0, 3, k, index0, index1, table, out); break;
-        default: int4_tile_bf16(x, xsum, tile, scales_zeros, group, groups, n_pad, row0, 4, k, index0, index1, table, out); break;
+        case 1: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 1, k, index0, index1, table, out); break;
+        case 2: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 2, k, index0, index1, table, out); break;
+        case 3: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 3, k, index0, index1, table, out); break;
+        default: int4_tile_bf16(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 4, k, index0, index1, table, out); break;
         }
         for (int64_t r = 0; r < m; r++)
             for (int64_t j = 0; j < valid; j++) y[r * n + row0 + j] = out[r][j] + (bias != NULL ? bias[row0 + j] : 0.0f);
@@ -154,10 +158,10 @@ int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, cons
 #else
 
 int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads) {
-    (void)x, (void)packed, (void)scales_zeros, (void)group, (void)bias, (void)y, (void)m, (void)n, (void)k;
-    (void)k_pad, (void)threads;
+                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t k_pad, int threads) {
+    (void)x, (void)packed, (void)scales_zeros, (void)sz_form, (void)group, (void)bias, (void)y, (void)m, (void)n;
+    (void)k, (void)k_pad, (void)threads;
     return -1;
 }
 

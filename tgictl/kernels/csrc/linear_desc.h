@@ -13,15 +13,16 @@
 /* The kernels of the other csrc/ files (one library, native.py builds them together). */
 int tgictl_small_linear_bf16(const void *x, int x_bf16, const uint16_t *weight, const float *bias, void *y,
                              int y_bf16, int64_t m, int64_t n, int64_t k, int threads);
-int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
+int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_form, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads);
 int tgictl_qlinear_int4_rows_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros,
-                                  int64_t group, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                                  int64_t k_pad, int threads);
+                                  int sz_form, int64_t group, const float *bias, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t k_pad, int threads);
 int tgictl_amx_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
-int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int64_t group,
-                             const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad, int threads);
+int tgictl_qlinear_int4_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *scales_zeros, int sz_form,
+                             int64_t group, const float *bias, uint16_t *y, int64_t m, int64_t n, int64_t k_pad,
+                             int threads);
 int tgictl_fma_linear_bf16(const uint16_t *x, const uint16_t *weight, const float *bias, uint16_t *y, int64_t m,
                            int64_t n, int64_t k, int threads);
 int tgictl_amx_linear_available(void);
@@ -46,9 +47,10 @@ static inline int64_t bf16_matrix_vector_max_rows(void) {
 /* One projection as the C loops multiply it (kernels/decode_layers.py builds these). */
 typedef struct {
     const void *weight;       /* bf16 [n, k] rows, the int4 packed tiles, or int8 [n, k] rows */
-    const void *scales_zeros; /* int4: [k_pad / group, n_pad, 2] bf16; int8: [n] bf16; NULL for bf16 rows */
+    const void *scales_zeros; /* int4: bf16 as sz_form says (int4_scales.h); int8: [n] bf16; NULL for bf16 rows */
     int64_t group;            /* int4 group size; 0 for bf16 rows, INT8_ROWS for int8 rows */
     int64_t k_pad;            /* int4: the packed input width; 0 otherwise */
+    int64_t sz_form;          /* int4: SZ_BF16, | SZ_ZERO where zeros are stored (not for Q4_0); 0 otherwise */
 } linear_desc;
 
 #define INT8_ROWS (-1)
@@ -75,15 +77,15 @@ static inline int linear_by_desc(const linear_desc *w, const uint16_t *x, uint16
             if (tgictl_dpbf16_linear_bf16(x, weight, bias, y, m, n, k, threads) == 0) return 0;
             return tgictl_fma_linear_bf16(x, weight, bias, y, m, n, k, threads);
         }
-        return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, bias, y, m, n,
-                                        w->k_pad, threads);
+        return tgictl_qlinear_int4_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, (int)w->sz_form, w->group,
+                                        bias, y, m, n, w->k_pad, threads);
     }
     if (w->group == 0) return tgictl_small_linear_bf16(x, 1, (const uint16_t *)w->weight, bias, y, 1, m, n, k, threads);
-    if (tgictl_qlinear_int4_rows_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, w->group, bias, y32, m, n, k,
-                                      w->k_pad, threads) != 0) {
+    if (tgictl_qlinear_int4_rows_bf16(x, (const uint8_t *)w->weight, w->scales_zeros, (int)w->sz_form, w->group,
+                                      bias, y32, m, n, k, w->k_pad, threads) != 0) {
         for (int64_t i = 0; i < m * k; i++) x32[i] = bf16_to_float(x[i]);
-        if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, 1, w->group, bias, y32, m, n, k,
-                                w->k_pad, threads) != 0)
+        if (tgictl_qlinear_int4(x32, (const uint8_t *)w->weight, w->scales_zeros, (int)w->sz_form, w->group, bias,
+                                y32, m, n, k, w->k_pad, threads) != 0)
             return -1;
     }
     for (int64_t i = 0; i < m * n; i++) y[i] = float_to_bf16(y32[i]);

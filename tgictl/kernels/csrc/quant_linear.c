@@ -9,8 +9,10 @@
  *
  * Layouts (contiguous, row-major): x [m, k] float32 (the caller converts the few input rows once); int4
  * tiles packed [ceil(n / 64), k_pad, 32] uint8 (byte j of tile t, column c: row 64t + j in the low nibble,
- * row 64t + 32 + j in the high one) with scales_zeros [k_pad / group, n_pad, 2]. Scales are bf16 (uint16) or
- * float32 (`sz_bf16` says which); bias [n] float32 or NULL; y [m, n] float32. Parallel over output rows
+ * row 64t + 32 + j in the high one) with scales_zeros [k_pad / group, n_pad, 2], or the scales alone
+ * [k_pad / group, n_pad] for a symmetric format (zero 0). Scales are bf16 (uint16) or float32; `sz_form`
+ * (int4_scales.h's SZ_BF16 | SZ_ZERO flags) says which and whether zeros are stored; bias [n] float32 or NULL;
+ * y [m, n] float32. Parallel over output rows
  * (tiles) with OpenMP, `threads` wide.
  *
  * The loops are written for the compiler's vectoriser (built with -march=native: AVX-512 where the CPU
@@ -33,7 +35,7 @@
 #define ROW_TILE 4 /* input rows sharing one pass over a weight tile */
 
 /* One tile of 64 output rows against up to ROW_TILE input rows. */
-static inline void int4_tile(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16,
+static inline void int4_tile(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_form,
                       int64_t group, int64_t groups, int64_t n_pad, int64_t row0, int64_t rows, int64_t k,
                       float out[ROW_TILE][TILE]) {
     for (int64_t r = 0; r < rows; r++)
@@ -55,12 +57,8 @@ static inline void int4_tile(const float *x, const float *xsum, const uint8_t *t
                 for (int j = 0; j < TILE; j++) acc[r][j] += w[j] * xv;
             }
         }
-        const int64_t base = (g * n_pad + row0) * 2;
         float scale[TILE], offset[TILE];
-        for (int j = 0; j < TILE; j++) {
-            scale[j] = bf16_or_f32_at(sz, sz_bf16, base + 2 * j);
-            offset[j] = bf16_or_f32_at(sz, sz_bf16, base + 2 * j + 1) - 8.0f * scale[j];
-        }
+        for (int j = 0; j < TILE; j++) scale_offset_at(sz, sz_form, g, n_pad, row0 + j, &scale[j], &offset[j]);
         for (int64_t r = 0; r < rows; r++) {
             const float xs = xsum[r * groups + g];
             for (int j = 0; j < TILE; j++) out[r][j] += scale[j] * acc[r][j] + offset[j] * xs;
@@ -80,7 +78,7 @@ static inline v16f as_v16f(__m512 x) {
 }
 
 static inline __attribute__((always_inline)) void int4_tile_vec(
-    const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16, int64_t group,
+    const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_form, int64_t group,
     int64_t groups, int64_t n_pad, int64_t row0, int M, int64_t k, float out[ROW_TILE][TILE]) {
     v16f total[ROW_TILE][4];
     for (int r = 0; r < M; r++)
@@ -104,10 +102,9 @@ static inline __attribute__((always_inline)) void int4_tile_vec(
                 for (int v = 0; v < 4; v++) acc[r][v] += w[v] * xv;
             }
         }
-        const int64_t base = (g * n_pad + row0) * 2;
         for (int v = 0; v < 4; v++) {
             __m512 scale, offset;
-            scales_offsets(sz, sz_bf16, base, v, &scale, &offset);
+            scales_offsets(sz, sz_form, g, n_pad, row0, v, &scale, &offset);
             const v16f sv = as_v16f(scale), ov = as_v16f(offset);
             for (int r = 0; r < M; r++) total[r][v] += sv * acc[r][v] + ov * xsum[r * groups + g];
         }
@@ -123,9 +120,14 @@ static inline __attribute__((always_inline)) void int4_tile_vec(
  * Here 16 bytes of a column (32 rows' nibbles: low ones rows 16p.., high ones rows 32 + 16p..) widen to four
  * float32 vectors in registers, and two input rows' sums for those 32 rows stay in eight registers over the
  * group: each tile takes two passes (p) per pair of input rows. Same sums per group, columns in order. */
-static inline void scales_offsets8(const void *sz, int sz_bf16, int64_t base, __m256 *scale, __m256 *offset) {
-    __m256 zero;
-    if (sz_bf16) { /* a row's (scale, zero) bf16 pair is one 32-bit lane: widened by shift and mask */
+static inline void scales_offsets8(const void *sz, int sz_form, int64_t base, __m256 *scale, __m256 *offset) {
+    __m256 zero = _mm256_setzero_ps();
+    if (!(sz_form & SZ_ZERO)) { /* scales alone (zero 0): bf16 widened by a shift, or float32 as stored */
+        *scale = (sz_form & SZ_BF16)
+            ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                  _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)sz + base))), 16))
+            : _mm256_loadu_ps((const float *)sz + base);
+    } else if (sz_form & SZ_BF16) { /* a row's (scale, zero) bf16 pair is one 32-bit lane: widened by shift and mask */
         const __m256i u = _mm256_loadu_si256((const __m256i *)((const uint16_t *)sz + base));
         *scale = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
         zero = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000u)));
@@ -139,7 +141,7 @@ static inline void scales_offsets8(const void *sz, int sz_bf16, int64_t base, __
 }
 
 static inline __attribute__((always_inline)) void int4_tile_vec(
-    const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16, int64_t group,
+    const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_form, int64_t group,
     int64_t groups, int64_t n_pad, int64_t row0, int M, int64_t k, float out[ROW_TILE][TILE]) {
     static const int first_row[4] = {0, 8, 32, 40}; /* of the four vectors, relative to 16p */
     for (int r = 0; r < M; r++)
@@ -169,7 +171,7 @@ static inline __attribute__((always_inline)) void int4_tile_vec(
                 for (int v = 0; v < 4; v++) {
                     const int row = 16 * p + first_row[v];
                     __m256 scale, offset;
-                    scales_offsets8(sz, sz_bf16, (g * n_pad + row0 + row) * 2, &scale, &offset);
+                    scales_offsets8(sz, sz_form, sz_index(sz_form, g, n_pad, row0 + row), &scale, &offset);
                     for (int r = 0; r < R; r++) {
                         const __m256 xs = _mm256_set1_ps(xsum[(r0 + r) * groups + g]);
                         const __m256 part = _mm256_fmadd_ps(scale, acc[r][v], _mm256_mul_ps(offset, xs));
@@ -185,14 +187,14 @@ static inline __attribute__((always_inline)) void int4_tile_vec(
 #endif
 
 #if defined(HAVE_INT4_TILE_VEC)
-static void int4_tile_rows(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_bf16,
+static void int4_tile_rows(const float *x, const float *xsum, const uint8_t *tile, const void *sz, int sz_form,
                            int64_t group, int64_t groups, int64_t n_pad, int64_t row0, int64_t rows, int64_t k,
                            float out[ROW_TILE][TILE]) {
     switch (rows) { /* constant row counts: the sums stay in registers */
-    case 1: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 1, k, out); break;
-    case 2: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 2, k, out); break;
-    case 3: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 3, k, out); break;
-    default: int4_tile_vec(x, xsum, tile, sz, sz_bf16, group, groups, n_pad, row0, 4, k, out); break;
+    case 1: int4_tile_vec(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 1, k, out); break;
+    case 2: int4_tile_vec(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 2, k, out); break;
+    case 3: int4_tile_vec(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 3, k, out); break;
+    default: int4_tile_vec(x, xsum, tile, sz, sz_form, group, groups, n_pad, row0, 4, k, out); break;
     }
 }
 #else
@@ -200,7 +202,7 @@ static void int4_tile_rows(const float *x, const float *xsum, const uint8_t *til
 #endif
 
 /* Returns 0, or -1 when scratch memory is refused (the caller falls back to torch). */
-int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_bf16, int64_t group,
+int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scales_zeros, int sz_form, int64_t group,
                         const float *bias, float *y, int64_t m, int64_t n, int64_t k, int64_t k_pad, int threads) {
     const int64_t tiles = (n + TILE - 1) / TILE, n_pad = tiles * TILE, groups = k_pad / group;
     float *xsum = int4_group_sums(x, 0, m, k, group, groups);
@@ -212,7 +214,7 @@ int tgictl_qlinear_int4(const float *x, const uint8_t *packed, const void *scale
         for (int64_t i0 = 0; i0 < m; i0 += ROW_TILE) {
             const int64_t rows = m - i0 < ROW_TILE ? m - i0 : ROW_TILE;
             float out[ROW_TILE][TILE];
-            int4_tile_rows(x + i0 * k, xsum + i0 * groups, tile, scales_zeros, sz_bf16, group, groups, n_pad, row0,
+            int4_tile_rows(x + i0 * k, xsum + i0 * groups, tile, scales_zeros, sz_form, group, groups, n_pad, row0,
                            rows, k, out);
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < valid; j++)

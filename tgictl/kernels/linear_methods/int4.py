@@ -5,11 +5,14 @@ the range is the group's [min, max], or that shrunk where clipping its outliers 
 Storage, shared by torch's kernel and the C one (csrc/quant_linear.c), in tiles of 64 output rows:
     packed       [N_pad / 64, K_pad, 32] uint8: byte j of (tile t, column k) holds row t*64 + j in its low
                  nibble and row t*64 + 32 + j in its high nibble
-    scales_zeros [K_pad / G, N_pad, 2] in the serving dtype: (scale, zero) per group and row
+    scales_zeros [K_pad / G, N_pad, 2] in the serving dtype: (scale, zero) per group and row, or
+                 [K_pad / G, N_pad, 1], the scale alone, for a symmetric format whose zero is 0 (GGUF's Q4_0:
+                 w = d (q - 8)): a one-row step then reads 18 bytes per 32 weights, the file's own size, not 20
 N_pad and K_pad round the shape up to 64 rows and to the group size with zero weights, so any shape
 quantizes; the padding is never returned. This is the layout `_convert_weight_to_int4pack_for_cpu`
 produces on AVX-512 CPUs for N a multiple of 64: torch's kernel is used only once a probe has shown that
-this build packs exactly so (`torch_layout_matches`), elsewhere the C kernel and the reference remain.
+this build packs exactly so (`torch_layout_matches`), and only with stored zeros (it reads pairs); elsewhere
+the C kernels (told the form by `sz_form`, csrc/int4_scales.h) and the reference remain.
 """
 
 from __future__ import annotations
@@ -69,7 +72,13 @@ class Int4Weight(LinearWeight):
         super().__init__(out_features, in_features, scales_zeros.dtype)
         self.group_size = group_size
         self.register_buffer("packed", packed)  # [N_pad / 64, K_pad, 32] uint8
-        self.register_buffer("scales_zeros", scales_zeros)  # [K_pad / G, N_pad, 2]
+        self.register_buffer("scales_zeros", scales_zeros)  # [K_pad / G, N_pad, 2], or [.., 1]: scales alone
+
+    @property
+    def has_zeros(self) -> bool:
+        """Whether a zero is stored beside each scale (False: a symmetric format, the zero is 0)."""
+        return self.scales_zeros.shape[-1] == 2
+
 
     @property
     def format_key(self) -> str:
@@ -108,17 +117,21 @@ class Int4Weight(LinearWeight):
         return cls.from_groups(q.to(torch.uint8).view(n_pad, k_pad), scale, zero, group_size, n, k)
 
     @classmethod
-    def from_groups(cls, q: Tensor, scale: Tensor, zero: Tensor, group_size: int, out_features: int,
+    def from_groups(cls, q: Tensor, scale: Tensor, zero: Tensor | None, group_size: int, out_features: int,
                     in_features: int) -> Int4Weight:
         """The stored form of W = (q - 8) * scale + zero: q [N_pad, K_pad] uint8 in 0..15, scale and zero
-        [N_pad, K_pad / group_size] in the serving dtype, already padded (64 rows, the group size)."""
-        scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [groups, N_pad, 2]
+        [N_pad, K_pad / group_size] in the serving dtype, already padded (64 rows, the group size); zero None
+        for a symmetric format (W = (q - 8) * scale), whose scales are then stored alone."""
+        parts = [scale] if zero is None else [scale, zero]
+        scales_zeros = torch.stack(parts, dim=-1).transpose(0, 1).contiguous()  # [groups, N_pad, 1 or 2]
         return cls(pack_tiles(q), scales_zeros, out_features=out_features, in_features=in_features,
                    group_size=group_size)
 
     def _expanded(self, part: int) -> Tensor:
-        """scale (part 0) or zero (part 1) per weight: [N_pad, K_pad] float32."""
-        return self.scales_zeros[..., part].float().t().repeat_interleave(self.group_size, dim=1)
+        """scale (part 0) or zero (part 1, 0 where none is stored) per weight: [N_pad, K_pad] float32."""
+        values = self.scales_zeros[..., min(part, self.scales_zeros.shape[-1] - 1)].float()
+        values = values if part < self.scales_zeros.shape[-1] else torch.zeros_like(values)
+        return values.t().repeat_interleave(self.group_size, dim=1)
 
     def dequantize(self) -> Tensor:
         q = unpack_tiles(self.packed).float()
@@ -131,8 +144,8 @@ class Int4Weight(LinearWeight):
         byte = self.packed[(rows // TILE_ROWS)[:, None], columns[None, :], (rows % HALF_TILE)[:, None]]  # [n, K_pad]
         shift = torch.where(rows % TILE_ROWS >= HALF_TILE, 4, 0).to(torch.uint8)
         q = ((byte >> shift[:, None]) & 15).float()
-        sz = self.scales_zeros[:, rows].float().repeat_interleave(self.group_size, dim=0)  # [K_pad, n, 2]
-        w = (q - 8) * sz[..., 0].t() + sz[..., 1].t()
+        sz = self.scales_zeros[:, rows].float().repeat_interleave(self.group_size, dim=0)  # [K_pad, n, 1 or 2]
+        w = (q - 8) * sz[..., 0].t() + (sz[..., 1].t() if self.has_zeros else 0.0)
         return w[:, : self.in_features].contiguous()
 
     @property
@@ -158,7 +171,8 @@ def torch_layout_matches() -> bool:
 def _torch_int4(weight: LinearWeight, x: Tensor, bias: Tensor | None) -> Tensor | None:
     """torch's CPU kernel: it wants x padded to K_pad and scales in x's dtype; returns N_pad columns."""
     assert isinstance(weight, Int4Weight)
-    if x.device.type != "cpu" or x.dtype != weight.scales_zeros.dtype or x.dim() != 2 or not torch_layout_matches():
+    if x.device.type != "cpu" or x.dtype != weight.scales_zeros.dtype or x.dim() != 2 or not weight.has_zeros \
+            or not torch_layout_matches():
         return None
     k_pad = weight.padded_in_features
     if k_pad != weight.in_features:

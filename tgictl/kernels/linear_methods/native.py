@@ -26,6 +26,12 @@ def _usable(x: Tensor, *stored: Tensor) -> bool:
     return x.dim() == 2 and x.device.type == "cpu" and all(t.device.type == "cpu" and t.is_contiguous() for t in stored)
 
 
+def int4_sz_form(scales_zeros: Tensor) -> int:
+    """How int4 tiles' scales are stored, as csrc/int4_scales.h's flags: SZ_BF16 (1) for bf16 values, SZ_ZERO (2)
+    for [groups, N_pad, 2] (scale, zero) pairs; [groups, N_pad, 1] holds the scales of a symmetric format alone."""
+    return int(scales_zeros.dtype == torch.bfloat16) | (2 if scales_zeros.shape[-1] == 2 else 0)
+
+
 def _inputs(x: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """x and bias as the kernels read them: contiguous float32 (a few rows, converted once)."""
     return x.float().contiguous(), None if bias is None else bias.float().contiguous()
@@ -68,26 +74,27 @@ class QuantKernels:
 
     def int4_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
                     bias: Tensor | None) -> Tensor | None:
-        """x [m, k] against int4 tiles (linear_methods/int4.py) -> [m, out_features] in x's dtype. 1-4 bf16
-        rows with bf16 scales take VDPBF16PS where the CPU has it (csrc/int4_rows_bf16.c), others float32."""
+        """x [m, k] against int4 tiles (linear_methods/int4.py; scales with or without zeros) -> [m, out_features]
+        in x's dtype. 1-4 bf16 rows with bf16 scales take VDPBF16PS where the CPU has it (csrc/int4_rows_bf16.c),
+        others float32."""
         if not _usable(x, packed, scales_zeros) or scales_zeros.dtype not in _SCALE_DTYPES:
             return None
+        sz_form = int4_sz_form(scales_zeros)
         if self.rows_bf16_built and x.dtype == torch.bfloat16 and scales_zeros.dtype == torch.bfloat16 \
                 and x.shape[0] <= 4:
             x16 = x.contiguous()
             b32 = None if bias is None else bias.float().contiguous()
             m, k = x16.shape
             y = torch.empty(m, out_features, dtype=torch.float32)
-            if self.int4_rows_bf16(x16.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(), group_size,
+            if self.int4_rows_bf16(x16.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(), sz_form, group_size,
                                    _ptr(b32), y.data_ptr(), m, out_features, k, packed.shape[1],
                                    torch.get_num_threads()) == 0:
                 return y.to(torch.bfloat16)
         x32, b32 = _inputs(x, bias)
         m, k = x32.shape
         y = torch.empty(m, out_features, dtype=torch.float32)
-        status = self.int4(x32.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(),
-                           int(scales_zeros.dtype == torch.bfloat16), group_size, _ptr(b32), y.data_ptr(), m,
-                           out_features, k, packed.shape[1], torch.get_num_threads())
+        status = self.int4(x32.data_ptr(), packed.data_ptr(), scales_zeros.data_ptr(), sz_form, group_size,
+                           _ptr(b32), y.data_ptr(), m, out_features, k, packed.shape[1], torch.get_num_threads())
         return y.to(x.dtype) if status == 0 else None
 
     def int4_bf16_linear(self, x: Tensor, packed: Tensor, scales_zeros: Tensor, group_size: int, out_features: int,
@@ -96,11 +103,11 @@ class QuantKernels:
         AVX512-BF16) -> [m, out_features] bf16; None where this CPU, build or input does not allow it."""
         if not _usable(x, packed, scales_zeros) or x.dtype != torch.bfloat16 or scales_zeros.dtype != torch.bfloat16:
             return None
-        k_pad = packed.shape[1]
+        k_pad, sz_form = packed.shape[1], int4_sz_form(scales_zeros)
         x = F.pad(x, (0, k_pad - x.shape[1])) if k_pad != x.shape[1] else x
         return bf16_product(x, out_features, bias, lambda x_ptr, bias_ptr, y_ptr, m: self.int4_bf16(
-            x_ptr, packed.data_ptr(), scales_zeros.data_ptr(), group_size, bias_ptr, y_ptr, m, out_features, k_pad,
-            torch.get_num_threads()))
+            x_ptr, packed.data_ptr(), scales_zeros.data_ptr(), sz_form, group_size, bias_ptr, y_ptr, m, out_features,
+            k_pad, torch.get_num_threads()))
 
     @functools.cached_property
     def rows_bf16_built(self) -> bool:
@@ -157,9 +164,9 @@ def bind_quant_kernels(library: ctypes.CDLL) -> QuantKernels:
         "tgictl_qlinear_int8": ([p, p, p, c_int, p, p, i64, i64, i64, c_int], None),
         "tgictl_qlinear_int8_bf16": ([p, p, p, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_qlinear_int4": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
-        "tgictl_qlinear_int4_rows_bf16": ([p, p, p, i64, p, p, i64, i64, i64, i64, c_int], c_int),
+        "tgictl_qlinear_int4_rows_bf16": ([p, p, p, c_int, i64, p, p, i64, i64, i64, i64, c_int], c_int),
         "tgictl_int4_rows_bf16_available": ([], c_int),
-        "tgictl_qlinear_int4_bf16": ([p, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
+        "tgictl_qlinear_int4_bf16": ([p, p, p, c_int, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_int4_bf16_path": ([], c_int),
         "tgictl_qlinear_gguf": ([c_int, p, p, i64, p, p, i64, i64, i64, c_int], c_int),
         "tgictl_gguf_dequantize": ([c_int, p, i64, p, i64, i64, c_int], c_int),

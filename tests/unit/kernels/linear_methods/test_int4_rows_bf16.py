@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tgictl.kernels.linear_methods import Int4Weight
-from tgictl.kernels.linear_methods.native import QuantKernels, quant_kernels
+from tgictl.kernels.linear_methods.native import QuantKernels, int4_sz_form, quant_kernels
 from tgictl.kernels.native import cpu_flags
 
 pytestmark = pytest.mark.skipif(
@@ -28,7 +28,7 @@ def _direct(kernels: QuantKernels, x: torch.Tensor, weight: Int4Weight, bias: to
     m, k = x.shape
     y = torch.full((m, weight.out_features), float("nan"))
     status = kernels.int4_rows_bf16(x.data_ptr(), weight.packed.data_ptr(), weight.scales_zeros.data_ptr(),
-                                    weight.group_size, None if bias is None else bias.data_ptr(), y.data_ptr(), m,
+                                    int4_sz_form(weight.scales_zeros), weight.group_size, None if bias is None else bias.data_ptr(), y.data_ptr(), m,
                                     weight.out_features, k, weight.packed.shape[1], torch.get_num_threads())
     return status, y
 

@@ -52,8 +52,8 @@ def test_variant_kernels_match_the_reference(variant) -> None:
     # the 1-4 row VDPBF16PS kernel declines too, and int4_linear's bf16 rows take the float32 kernel instead
     x16, int4_16 = x[:2].bfloat16(), Int4Weight.quantize(w, 64, torch.bfloat16)
     y = torch.empty(2, 130)
-    assert variant.int4_rows_bf16(x16.data_ptr(), int4_16.packed.data_ptr(), int4_16.scales_zeros.data_ptr(), 64,
-                                  None, y.data_ptr(), 2, 130, 256, 256, 1) == -1
+    assert variant.int4_rows_bf16(x16.data_ptr(), int4_16.packed.data_ptr(), int4_16.scales_zeros.data_ptr(), 3,
+                                  64, None, y.data_ptr(), 2, 130, 256, 256, 1) == -1
     out16 = variant.int4_linear(x16, int4_16.packed, int4_16.scales_zeros, 64, 130, bias)
     assert out16 is not None and out16.dtype == torch.bfloat16
     expected16 = torch.nn.functional.linear(x16.float(), int4_16.dequantize(), bias)

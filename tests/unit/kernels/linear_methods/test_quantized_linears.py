@@ -82,12 +82,13 @@ def test_every_backend_matches_the_reference(name: str, dtype: torch.dtype) -> N
             assert any(torch.equal(dispatched, fn(weight, x, b)) for fn in weight.backends().values()
                        if fn(weight, x, b) is not None)
     # The fast paths are the ones that ran; torch's int4 kernel only where its packing is ours (AVX-512
-    # builds: on AVX2-only CPUs torch packs int4 otherwise and the C kernel serves alone).
+    # builds: on AVX2-only CPUs torch packs int4 otherwise and the C kernel serves alone), and only with stored
+    # zeros (Q4_0's tiles hold their scales alone where the C kernels serve them).
     assert "native" in ran
     if isinstance(weight, Int8Weight) and dtype == weight.dtype:  # torch's kernel crashes at other widths
         assert ("torch" in ran) == (weight.in_features % 16 == 0)
     if isinstance(weight, Int4Weight) and dtype == weight.dtype:
-        assert ("torch" in ran) == torch_layout_matches()
+        assert ("torch" in ran) == (torch_layout_matches() and weight.has_zeros)
     kernels = quant_kernels()
     if isinstance(weight, Int4Weight) and dtype == torch.bfloat16 and kernels is not None \
             and kernels.int4_bf16_instructions != "none":

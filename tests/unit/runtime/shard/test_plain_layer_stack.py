@@ -9,6 +9,7 @@ sliding window for every layer and a q|k|v bias) without changing anything.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from shard_helpers import (
 
 from tgictl.kernels.decode_layers import decode_layers
 from tgictl.kernels.kv_pages import Int8Pages
-from tgictl.kernels.linear_methods import Int4Weight, Int8Weight, dispatch
+from tgictl.kernels.linear_methods import Int4Weight, Int8Weight, dispatch, gguf_repack
 from tgictl.kernels.metadata import AttentionMetadata
 from tgictl.kernels.native import cpu_flags
 from tgictl.proto.messages import SamplingParams
@@ -229,6 +230,28 @@ def test_a_qwen2_gguf_s_biased_layers_equal_the_python_layers(
     _native_kernels_only(monkeypatch)
     for rows in (1, 6):
         _compare(compiled, make_runner(directory, dtype=torch.bfloat16), rows, monkeypatch)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_q4_0_s_scales_alone_in_the_loop_equal_the_python_layers_on_the_zeros_layout(
+    family: str, rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q4_0 tiles without zeros (2 bytes per 32 weights fewer) in the C loop against the layout they replace, a
+    zero of 0 beside each scale, on the Python layers: the same tokens, logprobs and KV bit for bit, Llama- and
+    Qwen2-shaped (its q|k|v bias), on the matrix-vector kernels (1-4 rows) and the bf16-tile one (5, 9)."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", family, types=every_projection("Q4_0"))
+    directory = gguf_model_dir(path, tmp_path / "cache")
+    compiled = make_runner(directory, dtype=torch.bfloat16)
+    monkeypatch.setattr(gguf_repack, "as_int4_tiles", functools.partial(gguf_repack.as_int4_tiles,
+                                                                         zero_for_q4_0=True))
+    reference = make_runner(directory, dtype=torch.bfloat16)
+    monkeypatch.undo()
+    for runner, zeros in ((compiled, False), (reference, True)):
+        weights = [runner.model.layers[0].attention.qkv.weight, runner.model.layers[0].mlp.down.weight]
+        assert all(isinstance(w, Int4Weight) and w.has_zeros == zeros for w in weights)
+    _native_kernels_only(monkeypatch)
+    _compare(compiled, reference, rows, monkeypatch)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3_text", "phi3", "smollm3", "olmo2", "granite"])
