@@ -79,7 +79,6 @@ class Int4Weight(LinearWeight):
         """Whether a zero is stored beside each scale (False: a symmetric format, the zero is 0)."""
         return self.scales_zeros.shape[-1] == 2
 
-
     @property
     def format_key(self) -> str:
         return f"int4/g{self.group_size}"
@@ -129,9 +128,10 @@ class Int4Weight(LinearWeight):
 
     def _expanded(self, part: int) -> Tensor:
         """scale (part 0) or zero (part 1, 0 where none is stored) per weight: [N_pad, K_pad] float32."""
-        values = self.scales_zeros[..., min(part, self.scales_zeros.shape[-1] - 1)].float()
-        values = values if part < self.scales_zeros.shape[-1] else torch.zeros_like(values)
-        return values.t().repeat_interleave(self.group_size, dim=1)
+        if part == 1 and not self.has_zeros:
+            groups, n_pad, _ = self.scales_zeros.shape
+            return torch.zeros(n_pad, groups * self.group_size)
+        return self.scales_zeros[..., part].float().t().repeat_interleave(self.group_size, dim=1)
 
     def dequantize(self) -> Tensor:
         q = unpack_tiles(self.packed).float()
